@@ -1,0 +1,55 @@
+# loopwatch — `make help` lists the targets.
+SHELL := /bin/bash
+PY    := .venv/bin/python
+KAFKA_PORT ?= 19092
+export LOOPWATCH_BOOTSTRAP ?= 127.0.0.1:$(KAFKA_PORT)
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.venv/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: .venv/.installed ## create .venv and install loopwatch with its dev tools
+
+tools: ## install the system tools the tests use (JDK check, prometheus, promtool, alertmanager)
+	scripts/install-tools.sh
+
+kafka-up: .venv/.installed ## start the local single-node KRaft Kafka broker (127.0.0.1:$(KAFKA_PORT))
+	scripts/kafka.sh start
+
+kafka-down: ## stop the local Kafka broker
+	scripts/kafka.sh stop
+
+run: .venv/.installed ## start broker + worker + API, produce the examples, print loop_detected events (Ctrl-C stops all)
+	scripts/run-local.sh
+
+replay: .venv/.installed ## replay the examples without a broker and print events
+	.venv/bin/loopwatch replay --config examples/loopwatch.yaml examples/
+
+test: .venv/.installed ## run the whole test suite (starts the local broker; installs missing tools)
+	scripts/install-tools.sh
+	scripts/kafka.sh start
+	$(PY) -m pytest
+
+lint: .venv/.installed ## ruff + mypy (strict on detectors/)
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy detectors streams alerts
+
+bench: .venv/.installed ## run the benchmarks and print the results table (writes bench/results/*.json)
+	scripts/kafka.sh start
+	$(PY) -m bench
+
+examples: .venv/.installed ## regenerate examples/ with the real opentelemetry-sdk OTLP encoder
+	$(PY) examples/generate.py
+
+clean: ## remove caches (keeps .venv and the Kafka download cache)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+
+.PHONY: help install tools kafka-up kafka-down run replay test lint bench examples clean

@@ -1,0 +1,1 @@
+"""Event schemas and ids, Prometheus metrics, rules, Alertmanager and Grafana provisioning."""

@@ -1,0 +1,118 @@
+"""The shared model: a Step (one normalized span, content already reduced to digests) and a
+Finding (one loop episode crossing its threshold).
+
+A Step never carries raw tool arguments or results: the normalizer (streams/normalize.py)
+reduces them to keyed digests and a few declared, non-sensitive fields (error codes, a
+numeric version, whether a state is terminal) before the step leaves the decoding process.
+Steps are plain data so they can cross the internal Kafka topic and be replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Step kinds. Only these reach the detectors; other spans are dropped by the normalizer
+# (but still count towards trace completeness through the run's span bookkeeping).
+TOOL = "tool"  # one tool execution
+HANDOFF = "handoff"  # control passes from one agent to another
+PLAN = "plan"  # a plan (or an LLM turn that requested several tool calls)
+LLM = "llm"  # a model call (tokens, context size)
+SUMMARY = "summary"  # a context reduction (summarization span)
+AGENT = "agent"  # an agent / root span: termination evidence, no action
+OTHER = "other"  # any other span of the run: kept only for tree completeness
+
+ACTION_KINDS = frozenset({TOOL, HANDOFF})
+
+
+@dataclass(slots=True)
+class Step:
+    """One span of a run, normalized. Field order is the wire order (see to_list)."""
+
+    run_id: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    kind: str
+    start_ns: int
+    end_ns: int
+    # Explicit runtime sequence (agent.step.sequence, langgraph_step, ...) when present.
+    sequence: int | None = None
+    # Digest of the span's full content: same id + different content = integrity conflict.
+    content_digest: str = ""
+    name: str = ""  # tool name for tools, agent name for agents
+    call_id: str | None = None
+    tool_version: str | None = None
+    prompt_version: str | None = None
+    agent_name: str | None = None
+    service_name: str | None = None
+    session_id: str | None = None
+    task_type: str | None = None
+    # Fingerprints (keyed digests, hex).
+    action_fp: str | None = None  # tool + identity args (contract applied)
+    args_fp: str | None = None  # tool + all args, canonical (churn: "differing arguments")
+    result_fp: str | None = None  # digest of the result; None when results were not recorded
+    error_code: str | None = None  # short code: "404", "not_found", "timeout", "RateLimitError"
+    empty_result: bool = False  # result present and empty (no_results, [], {}, null)
+    # Progress evidence declared by the tool contract.
+    version: float | None = None  # version_field of the result
+    state_fp: str | None = None  # state_field of the result (digest)
+    state_terminal: bool = False  # state_field value is one of terminal_states
+    cursor_fp: str | None = None  # cursor_arg of the call (digest)
+    item_fps: tuple[str, ...] = ()  # new_items_field ids (short digests, bounded)
+    # Side effects.
+    business_fp: str | None = None  # business_identity args digest
+    idempotency_fp: str | None = None  # idempotency key digest, None when missing
+    # Handoffs.
+    from_agent: str | None = None
+    to_agent: str | None = None
+    # Plans and model calls.
+    plan_fp: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    # Termination evidence (root / agent spans).
+    is_root: bool = False
+    status_error: bool = False
+    termination: str | None = None  # a termination_reason from the mapping table
+    guard_ns: int | None = None  # time of a loop_guard span event, if any
+
+    def to_list(self) -> list[Any]:
+        """Compact positional form for the wire (internal topic) and for state."""
+        return [getattr(self, f) for f in STEP_FIELDS]
+
+    @classmethod
+    def from_list(cls, values: list[Any]) -> Step:
+        step = cls(*values[: len(STEP_FIELDS)])
+        if step.item_fps and not isinstance(step.item_fps, tuple):
+            step.item_fps = tuple(step.item_fps)
+        return step
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+STEP_FIELDS: tuple[str, ...] = tuple(Step.__dataclass_fields__)
+
+
+@dataclass(slots=True)
+class Finding:
+    """One loop episode that crossed its threshold at `trigger` (a released step)."""
+
+    shape: str
+    key: str  # episode key within the run: fingerprint, edge or budget name
+    detector: str
+    trigger: Step
+    count: int
+    first_position: int
+    last_position: int
+    span_ids: list[str] = field(default_factory=list)
+    call_ids: list[str] = field(default_factory=list)
+    tool_name: str | None = None
+    tool_version: str | None = None
+    fingerprint: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    wasted_steps: int = 0
+    wasted_tokens: int = 0
+    side_effect: bool = False
+    budget: str | None = None

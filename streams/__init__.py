@@ -1,0 +1,1 @@
+"""Everything that touches bytes, brokers and time: decoding, normalization, drivers, CLI."""

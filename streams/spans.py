@@ -1,0 +1,43 @@
+"""The decoded span: what streams/otlp.py produces from OTLP bytes and what
+streams/normalize.py maps to a detectors.model.Step. Plain Python values only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# OTLP Status.code
+STATUS_UNSET = 0
+STATUS_OK = 1
+STATUS_ERROR = 2
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    """One OTLP span with its resource and scope, ids as lowercase hex.
+
+    Attribute values are converted from OTLP AnyValue to Python: str, bool, int, float,
+    bytes, list (ArrayValue) and dict (KeyValueList). `resource` is shared by all spans of
+    one ResourceSpans (do not mutate it).
+    """
+
+    trace_id: str  # 32 lowercase hex chars
+    span_id: str  # 16 lowercase hex chars
+    parent_span_id: str | None  # None for a root span
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    status_code: int
+    status_message: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    events: list[SpanEvent] = field(default_factory=list)
+    scope_name: str = ""
