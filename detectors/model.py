@@ -50,7 +50,6 @@ class Step:
     task_type: str | None = None
     # Fingerprints (keyed digests, hex).
     action_fp: str | None = None  # tool + identity args (contract applied)
-    args_fp: str | None = None  # tool + all args, canonical (churn: "differing arguments")
     result_fp: str | None = None  # digest of the result; None when results were not recorded
     error_code: str | None = None  # short code: "404", "not_found", "timeout", "RateLimitError"
     empty_result: bool = False  # result present and empty (no_results, [], {}, null)
@@ -116,3 +115,6 @@ class Finding:
     wasted_tokens: int = 0
     side_effect: bool = False
     budget: str | None = None
+    # Run facts as they were when the finding fired (events must not depend on what the
+    # run did later in the same release batch): prompt_version, agent_name, ...
+    run_meta: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,153 @@
+"""The `loop_detected` event and the run summary (contracts.md §6).
+
+Events carry digests, names, codes and ids only. `event_id` is a pure function of
+(run, shape, episode key), so redelivery, replay and restarts never mint a second id.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from detectors.fingerprint import stable_id
+from detectors.model import Finding
+from detectors.policy import Policy
+
+SHAPES = (
+    "identical_repetition",
+    "argument_churn",
+    "oscillation",
+    "replanning",
+    "retry_storm",
+    "delegation_ping_pong",
+    "context_collapse",
+    "budget_exhausted",
+    "goal_already_satisfied",
+    "duplicate_side_effect",
+    "unsafe_side_effect_retry",
+)
+CRITICAL_SHAPES = frozenset({"duplicate_side_effect", "unsafe_side_effect_retry"})
+EVENT_FIELDS = (
+    "event",
+    "event_id",
+    "run_id",
+    "trace_id",
+    "session_id",
+    "shape",
+    "severity",
+    "detector",
+    "tool_name",
+    "tool_version",
+    "prompt_version",
+    "agent_name",
+    "service_name",
+    "fingerprint",
+    "count",
+    "first_sequence",
+    "last_sequence",
+    "trigger_span_id",
+    "span_ids",
+    "call_ids",
+    "evidence",
+    "recommended_action",
+    "wasted_steps",
+    "wasted_tokens",
+    "budget",
+    "detected_at",
+    "policy_version",
+    "observe_only",
+)
+RUN_SUMMARY_FIELDS = (
+    "run_id",
+    "outcome",
+    "termination_reason",
+    "steps",
+    "tool_calls",
+    "distinct_actions",
+    "duplicate_spans",
+    "late_spans",
+    "shapes",
+    "stalled_repeat",
+    "progress_observed",
+    "guard_fired",
+    "guard_before_dispatch",
+    "tool_after_guard",
+    "terminal_response",
+)
+
+
+def event_id(run_id: str, shape: str, key: str) -> str:
+    return stable_id("loop_detected", run_id, shape, key)
+
+
+def severity(finding: Finding) -> str:
+    if finding.shape in CRITICAL_SHAPES or finding.side_effect:
+        return "critical"
+    return "warning"
+
+
+def recommended_action(finding: Finding, policy: Policy) -> str:
+    """The recovery table of loop-detection-and-recovery.txt, applied to this episode."""
+    if finding.shape in CRITICAL_SHAPES or finding.side_effect:
+        return "stop_and_escalate"
+    if finding.shape == "delegation_ping_pong":
+        return "human_handoff"
+    code = finding.trigger.error_code
+    if (code is not None and code in policy.missing_data_codes) or finding.trigger.empty_result:
+        return "deterministic_fallback"
+    if finding.shape == "goal_already_satisfied" or finding.run_meta.get("progress_observed"):
+        return "force_final_answer"
+    if finding.run_meta.get("side_effect_committed"):
+        return "stop_and_escalate"
+    return "inject_attempt_history"
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def build_event(finding: Finding, run_id: str, policy: Policy) -> dict[str, Any]:
+    """A loop_detected event; every field is derived from released steps (deterministic)."""
+    trigger = finding.trigger
+    meta = finding.run_meta
+    return {
+        "event": "loop_detected",
+        "event_id": event_id(run_id, finding.shape, finding.key),
+        "run_id": run_id,
+        "trace_id": trigger.trace_id,
+        "session_id": meta.get("session_id"),
+        "shape": finding.shape,
+        "severity": severity(finding),
+        "detector": finding.detector,
+        "tool_name": finding.tool_name,
+        "tool_version": finding.tool_version,
+        "prompt_version": meta.get("prompt_version"),
+        "agent_name": meta.get("agent_name"),
+        "service_name": meta.get("service_name"),
+        "fingerprint": finding.fingerprint,
+        "count": finding.count,
+        "first_sequence": finding.first_position,
+        "last_sequence": finding.last_position,
+        "trigger_span_id": trigger.span_id,
+        "span_ids": list(finding.span_ids),
+        "call_ids": list(finding.call_ids),
+        "evidence": dict(finding.evidence),
+        "recommended_action": recommended_action(finding, policy),
+        "wasted_steps": finding.wasted_steps,
+        "wasted_tokens": finding.wasted_tokens,
+        "budget": finding.budget,
+        "detected_at": _iso(trigger.end_ns),
+        "policy_version": policy.policy_version,
+        "observe_only": True,
+    }
+
+
+def validate_event(event: dict[str, Any]) -> None:
+    """Raise ValueError when an event does not follow the schema (used by tests and gate)."""
+    missing = [f for f in EVENT_FIELDS if f not in event]
+    if missing:
+        raise ValueError(f"loop_detected event lacks {', '.join(missing)}")
+    if event["event"] != "loop_detected" or event["shape"] not in SHAPES:
+        raise ValueError(f"not a loop_detected event of a known shape: {event.get('shape')!r}")
+    if not isinstance(event["span_ids"], list) or not event["trigger_span_id"]:
+        raise ValueError("span_ids must be a list and trigger_span_id set")

@@ -1,0 +1,346 @@
+"""The per-run pipeline: dedup → reorder → detectors → findings, and finalization.
+
+Three pure functions over a RunState, used identically by the replay driver and the stream
+worker (one behaviour, two drivers):
+
+    ingest(policy, state, step)            dedup, tree bookkeeping, buffer
+    release(policy, state, watermark_ns)   feed the steps that are ready, in runtime order
+    finalize(policy, state)                flush, then the run summary
+
+Ordering: explicit sequence first (a step without one takes the sequence of the latest
+sequenced step that started before it), then (start, end, span id). A sequenced step is
+ready as soon as the sequences before it are all present; any step is ready once the run's
+event time has moved `allowed_lateness_seconds` past its end. A step arriving behind what
+was already released is counted as late and still fed, never dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detectors.base import Context, Detector
+from detectors.budget import budget_exhausted
+from detectors.churn import argument_churn, retry_storm
+from detectors.context import context_collapse, note_context
+from detectors.cycles import delegation_ping_pong, oscillation, replanning
+from detectors.model import AGENT, HANDOFF, OTHER, TOOL, Finding, Step
+from detectors.policy import Policy
+from detectors.repetition import goal_already_satisfied, identical_repetition
+from detectors.side_effects import side_effects
+from detectors.state import (
+    BLOOM_BITS,
+    DEDUP_CAP,
+    UNRESOLVED_CAP,
+    RunState,
+    bloom_add,
+    bloom_has,
+)
+
+DETECTORS: tuple[Detector, ...] = (
+    note_context,
+    identical_repetition,
+    goal_already_satisfied,
+    argument_churn,
+    retry_storm,
+    oscillation,
+    replanning,
+    delegation_ping_pong,
+    context_collapse,
+    side_effects,
+    budget_exhausted,
+)
+
+OUTCOMES = ("complete", "incomplete_trace", "integrity_error")
+
+
+def new_state(run_id: str) -> RunState:
+    return RunState(run_id=run_id)
+
+
+def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
+    """Take one delivered span. Returns findings only for late spans (fed immediately)."""
+    state.spans += 1
+    if not state.trace_id:
+        state.trace_id = step.trace_id
+    digest = step.content_digest[:8]
+    known = state.dedup.get(step.span_id)
+    if known is not None:
+        if known == digest:
+            state.duplicate_spans += 1
+        else:
+            state.conflicts += 1  # same id, different content: integrity error
+        return []
+    if len(state.dedup) >= DEDUP_CAP:
+        del state.dedup[next(iter(state.dedup))]
+    state.dedup[step.span_id] = digest
+    _track_tree(state, step)
+    if step.end_ns > state.max_end_ns:
+        state.max_end_ns = step.end_ns
+
+    if step.kind == AGENT or step.is_root:
+        _note_container(state, step)
+        return []
+    if step.kind == OTHER:
+        return []
+    if state.last_key is not None and _key(step, state.released_seq) <= state.last_key:
+        state.late_spans += 1
+        ctx = Context(policy, state)
+        _process(ctx, step)
+        return ctx.findings
+    state.pending.append(step.to_list())
+    if len(state.pending) > policy.max_pending_steps:
+        state.forced_releases += 1
+        return _release(policy, state, None, force_one=True)
+    return []
+
+
+def release(policy: Policy, state: RunState, watermark_ns: int | None = None) -> list[Finding]:
+    """Feed every buffered step that is ready at this event-time watermark."""
+    if not state.pending:
+        return []
+    return _release(policy, state, watermark_ns, force_one=False)
+
+
+def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, Any]]:
+    """Flush the buffer and summarize the run. The state is marked finalized."""
+    findings = _release(policy, state, None, force_all=True) if state.pending else []
+    state.finalized = True
+    if state.conflicts:
+        outcome = "integrity_error"
+    elif not state.root_seen or state.unresolved or state.unresolved_overflow:
+        outcome = "incomplete_trace"
+    else:
+        outcome = "complete"
+    termination = state.termination or "unknown"
+    guard_fired = state.guard_ns is not None
+    tool_after_guard = guard_fired and state.tool_after_guard
+    stalled = "identical_repetition" in state.shapes
+    stalled_ns = state.trigger_ns.get("identical_repetition")
+    guard_before_dispatch = (
+        guard_fired
+        and not tool_after_guard
+        and (stalled_ns is None or (state.guard_ns is not None and state.guard_ns <= stalled_ns))
+    )
+    summary: dict[str, Any] = {
+        "run_id": state.run_id,
+        "trace_id": state.trace_id,
+        "outcome": outcome,
+        "termination_reason": termination,
+        "steps": state.position,
+        "tool_calls": state.tool_calls,
+        "distinct_actions": state.distinct_actions,
+        "duplicate_spans": state.duplicate_spans,
+        "late_spans": state.late_spans,
+        "integrity_conflicts": state.conflicts,
+        "parallel_duplicate_calls": state.parallel_duplicate_calls,
+        "shapes": sorted(state.shapes),
+        "stalled_repeat": stalled,
+        "progress_observed": state.progress_observed,
+        "guard_fired": guard_fired,
+        "guard_before_dispatch": guard_before_dispatch,
+        "tool_after_guard": tool_after_guard,
+        "terminal_response": outcome == "complete"
+        and termination in ("final_answer", "loop_guard"),
+        "prompt_version": state.prompt_version,
+        "agent_name": state.agent_name,
+        "service_name": state.service_name,
+        "session_id": state.session_id,
+        "task_type": state.task_type,
+        "tokens": state.tokens,
+        "duration_seconds": round((state.last_end_ns - state.start_ns) / 1e9, 3)
+        if state.start_ns
+        else 0.0,
+    }
+    return findings, summary
+
+
+# ---------------------------------------------------------------------------- internals
+
+
+def _track_tree(state: RunState, step: Step) -> None:
+    state.seen_bloom = bloom_add(state.seen_bloom, step.span_id, BLOOM_BITS)
+    if step.span_id in state.unresolved:
+        state.unresolved.remove(step.span_id)
+    parent = step.parent_span_id
+    if (
+        parent is not None
+        and parent not in state.dedup
+        and not bloom_has(state.seen_bloom, parent, BLOOM_BITS)
+    ):
+        if parent in state.unresolved:
+            return
+        if len(state.unresolved) < UNRESOLVED_CAP:
+            state.unresolved.append(parent)
+        else:
+            state.unresolved_overflow = True
+
+
+def _note_container(state: RunState, step: Step) -> None:
+    if step.guard_ns is not None:
+        state.guard_ns = (
+            step.guard_ns if state.guard_ns is None else min(state.guard_ns, step.guard_ns)
+        )
+    if step.is_root:
+        state.root_seen = True
+        state.root_end_ns = step.end_ns
+        state.root_error = step.status_error
+        if step.termination is not None:
+            state.termination = step.termination
+        if state.prompt_version is None:
+            state.prompt_version = step.prompt_version
+        if state.agent_name is None:
+            state.agent_name = step.agent_name
+        if state.session_id is None:
+            state.session_id = step.session_id
+        if state.service_name is None:
+            state.service_name = step.service_name
+        if state.task_type is None:
+            state.task_type = step.task_type
+    elif (
+        not state.root_seen and step.termination is not None and step.termination != "final_answer"
+    ):
+        state.termination = step.termination
+    if state.guard_ns is not None and state.guard_ns < state.last_end_ns:
+        state.tool_after_guard = state.tool_after_guard or _tool_started_after(
+            state, state.guard_ns
+        )
+
+
+def _tool_started_after(state: RunState, when: int) -> bool:
+    return any(entry[5] > when for entry in state.window)
+
+
+def _key(step: Step, seq: int | None) -> list[Any]:
+    return [
+        step.sequence if step.sequence is not None else (seq or 0),
+        step.start_ns,
+        step.end_ns,
+        step.span_id,
+    ]
+
+
+def _ordered(state: RunState) -> list[tuple[list[Any], Step]]:
+    steps = sorted(state.pending_steps(), key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    # An unsequenced step takes the sequence of the latest sequenced step before it in time.
+    carried = state.released_seq or 0
+    keyed = []
+    for step in steps:
+        if step.sequence is not None:
+            carried = step.sequence
+        keyed.append((_key(step, carried), step))
+    keyed.sort(key=lambda pair: pair[0])
+    return keyed
+
+
+def _release(
+    policy: Policy,
+    state: RunState,
+    watermark_ns: int | None,
+    *,
+    force_one: bool = False,
+    force_all: bool = False,
+) -> list[Finding]:
+    keyed = _ordered(state)
+    horizon = max(state.max_end_ns, watermark_ns or 0) - int(policy.allowed_lateness_seconds * 1e9)
+    contiguous = _contiguous_upto(state, keyed)
+    ctx = Context(policy, state)
+    released = 0
+    for index, (key, step) in enumerate(keyed):
+        ready = (
+            force_all
+            or (force_one and index == 0)
+            or step.end_ns <= horizon
+            or (contiguous is not None and key[0] < contiguous)
+            or (
+                contiguous is not None and step.sequence is not None and step.sequence <= contiguous
+            )
+        )
+        if not ready:
+            break
+        state.last_key = key
+        if step.sequence is not None and (
+            state.released_seq is None or step.sequence > state.released_seq
+        ):
+            state.released_seq = step.sequence
+        _process(ctx, step)
+        released += 1
+    if released:
+        del_ids = {step.span_id for _, step in keyed[:released]}
+        state.pending = [values for values in state.pending if values[2] not in del_ids]
+    return ctx.findings
+
+
+def _contiguous_upto(state: RunState, keyed: list[tuple[list[Any], Step]]) -> int | None:
+    """Highest sequence s such that every sequence up to s is present or released."""
+    sequences = sorted({step.sequence for _, step in keyed if step.sequence is not None})
+    if not sequences:
+        return None
+    expected = state.released_seq + 1 if state.released_seq is not None else None
+    if expected is None:
+        if sequences[0] > 1:  # runtimes count from 0 or 1; anything else waits for lateness
+            return None
+        expected = sequences[0]
+    upto = None
+    for seq in sequences:
+        if seq < expected:
+            continue
+        if seq != expected:
+            break
+        upto = seq
+        expected = seq + 1
+    if upto is None and state.released_seq is not None:
+        return state.released_seq
+    return upto
+
+
+def _process(ctx: Context, step: Step) -> None:
+    state = ctx.state
+    state.position += 1
+    if step.prompt_version is not None:
+        state.prompt_version = step.prompt_version
+    if step.agent_name is not None and step.kind != HANDOFF:
+        state.agent_name = step.agent_name
+    if state.service_name is None:
+        state.service_name = step.service_name
+    if state.session_id is None:
+        state.session_id = step.session_id
+    if state.task_type is None and step.task_type is not None:
+        state.task_type = step.task_type
+        ctx.limits = ctx.policy.limits_for(step.task_type)
+    if state.start_ns is None or step.start_ns < state.start_ns:
+        state.start_ns = step.start_ns
+    if step.end_ns > state.last_end_ns:
+        state.last_end_ns = step.end_ns
+    state.tokens += step.input_tokens + step.output_tokens
+    if step.kind == TOOL:
+        state.tool_calls += 1
+        state.action_steps += 1
+        if step.action_fp is not None and not bloom_has(
+            state.distinct_bloom, step.action_fp, BLOOM_BITS
+        ):
+            state.distinct_bloom = bloom_add(state.distinct_bloom, step.action_fp, BLOOM_BITS)
+            state.distinct_actions += 1
+        if state.guard_ns is not None and step.start_ns > state.guard_ns:
+            state.tool_after_guard = True
+        outcome = step.result_fp if step.result_fp is not None else step.error_code
+        state.window.append(
+            [
+                step.name,
+                step.action_fp,
+                outcome,
+                step.error_code,
+                step.empty_result,
+                step.start_ns,
+                step.end_ns,
+                step.span_id,
+                step.call_id,
+                state.position,
+                state.tokens,
+            ]
+        )
+        if len(state.window) > ctx.limits.window:
+            del state.window[: len(state.window) - ctx.limits.window]
+    elif step.kind == HANDOFF:
+        state.action_steps += 1
+    for detector in DETECTORS:
+        detector(ctx, step)

@@ -1,0 +1,149 @@
+"""Per-run state: a plain, versioned, serializable record with a hard size bound.
+
+Everything here is bounded by the policy's window and a few fixed caps, whatever the run's
+length: the dedup map, the reorder buffer, the detectors' recent history and the fired
+episode markers. The record round-trips through `to_dict`/`from_dict` (JSON-able) so it
+can live in a faust Table and be shown to on-call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from detectors.model import Step
+
+STATE_VERSION = 1
+DEDUP_CAP = 128  # recent span ids remembered for duplicate/conflict checks
+UNRESOLVED_CAP = 64  # parent ids referenced but not yet seen (tree completeness)
+FIRED_CAP = 64  # fired episode markers
+MAP_CAP = 16  # per-detector keyed maps (plans, edges, documents, ledger)
+BLOOM_BITS = 1024  # seen span ids (tree completeness), ~128 bytes
+ITEM_BLOOM_BITS = 1024  # seen pagination item ids
+
+
+@dataclass(slots=True)
+class RunState:
+    run_id: str
+    trace_id: str = ""
+    v: int = STATE_VERSION
+    # -- delivery bookkeeping
+    spans: int = 0
+    duplicate_spans: int = 0
+    late_spans: int = 0
+    conflicts: int = 0
+    forced_releases: int = 0
+    dedup: dict[str, str] = field(default_factory=dict)  # span_id -> content digest
+    pending: list[list[Any]] = field(default_factory=list)  # buffered steps (Step.to_list)
+    released_seq: int | None = None  # highest explicit sequence released
+    last_key: list[Any] | None = None  # ordering key of the last released step
+    max_end_ns: int = 0  # per-run event-time watermark
+    seen_bloom: int = 0
+    unresolved: list[str] = field(default_factory=list)
+    unresolved_overflow: bool = False
+    # -- run facts (learned in release order, so deterministic)
+    position: int = 0  # released, counted steps (1-based positions)
+    action_steps: int = 0  # tool calls + handoffs (the `steps` budget)
+    tool_calls: int = 0
+    tokens: int = 0
+    start_ns: int | None = None
+    last_end_ns: int = 0
+    prompt_version: str | None = None
+    agent_name: str | None = None
+    service_name: str | None = None
+    session_id: str | None = None
+    task_type: str | None = None
+    distinct_bloom: int = 0
+    distinct_actions: int = 0
+    reduction_epoch: int = 0
+    last_llm_input: int = 0
+    progress_observed: bool = False
+    side_effect_committed: bool = False
+    parallel_duplicate_calls: int = 0
+    # -- container spans (root / agents): arrive last, only used at finalization
+    root_seen: bool = False
+    root_end_ns: int | None = None
+    root_error: bool = False
+    termination: str | None = None
+    guard_ns: int | None = None
+    tool_after_guard: bool = False
+    # -- detectors
+    window: list[list[Any]] = field(default_factory=list)  # recent tool steps, see WIN_*
+    streak: list[Any] | None = None  # identical_repetition: current run of one action
+    terminal: dict[str, list[Any]] = field(default_factory=dict)  # action_fp -> [span, pos]
+    item_bloom: int = 0
+    plans: dict[str, list[Any]] = field(default_factory=dict)
+    edges: dict[str, list[Any]] = field(default_factory=dict)
+    current_agent: str | None = None
+    docs: dict[str, list[Any]] = field(default_factory=dict)
+    ledger: dict[str, list[Any]] = field(default_factory=dict)
+    budgets_fired: list[str] = field(default_factory=list)
+    fired: list[str] = field(default_factory=list)  # "shape|key" of fired episodes
+    shapes: list[str] = field(default_factory=list)
+    trigger_ns: dict[str, int] = field(default_factory=dict)  # shape -> first trigger start
+    finalized: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        if data.get("v") != STATE_VERSION:
+            raise ValueError(f"run state version {data.get('v')!r} is not {STATE_VERSION}")
+        return cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
+
+    def pending_steps(self) -> list[Step]:
+        return [Step.from_list(values) for values in self.pending]
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(RunState))
+
+# Layout of one entry of RunState.window (a recent tool step).
+WIN_TOOL = 0
+WIN_ACTION = 1
+WIN_OUTCOME = 2  # result digest, or error code when no result was recorded
+WIN_CODE = 3  # error code or None
+WIN_EMPTY = 4
+WIN_START = 5
+WIN_END = 6
+WIN_SPAN = 7
+WIN_CALL = 8
+WIN_POS = 9
+WIN_TOKENS = 10  # run's cumulative tokens when this step was released
+
+
+def bloom_add(bits: int, key: str, size: int) -> int:
+    h = int(key[-16:], 16) if _is_hex(key[-16:]) else hash_str(key)
+    return bits | (1 << (h % size)) | (1 << ((h >> 20) % size))
+
+
+def bloom_has(bits: int, key: str, size: int) -> bool:
+    h = int(key[-16:], 16) if _is_hex(key[-16:]) else hash_str(key)
+    return bool(bits >> (h % size) & 1) and bool(bits >> ((h >> 20) % size) & 1)
+
+
+def hash_str(key: str) -> int:
+    # Stable across processes (unlike hash()): FNV-1a 64.
+    h = 0xCBF29CE484222325
+    for byte in key.encode("utf-8"):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _is_hex(text: str) -> bool:
+    if not text:
+        return False
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
+def bounded_put(mapping: dict[str, Any], key: str, value: Any, cap: int = MAP_CAP) -> None:
+    """Insert keeping at most `cap` entries; the least recently inserted goes first."""
+    if key in mapping:
+        del mapping[key]
+    elif len(mapping) >= cap:
+        del mapping[next(iter(mapping))]
+    mapping[key] = value
