@@ -171,6 +171,10 @@ class Policy:
     finalize_grace_seconds: float = 10.0
     idle_timeout_seconds: float = 600.0
     max_pending_steps: int = 64
+    # Release a sequenced step as soon as every sequence before it arrived (low latency).
+    # Unsequenced spans of the same run (often LLM spans) that arrive after their slot was
+    # released are then counted late; set false to hold everything for the lateness bound.
+    release_on_sequence: bool = True
     defaults: Limits = field(default_factory=Limits)
     task_type_attribute: str | None = None
     task_types: dict[str, Limits] = field(default_factory=dict)
@@ -312,6 +316,7 @@ _TOP_KEYS = {
     "finalize_grace_seconds",
     "idle_timeout_seconds",
     "max_pending_steps",
+    "release_on_sequence",
     "defaults",
     "task_types",
     "tools",
@@ -433,6 +438,8 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
             kw[key] = r.number(m[key], key)
     if "max_pending_steps" in m:
         kw["max_pending_steps"] = r.integer(m["max_pending_steps"], "max_pending_steps", minimum=1)
+    if "release_on_sequence" in m:
+        kw["release_on_sequence"] = r.boolean(m["release_on_sequence"], "release_on_sequence")
     defaults = _limits(r, m.get("defaults"), "defaults", Limits())
     kw["defaults"] = defaults
     if "task_types" in m:

@@ -242,7 +242,7 @@ def _release(
 ) -> list[Finding]:
     keyed = _ordered(state)
     horizon = max(state.max_end_ns, watermark_ns or 0) - int(policy.allowed_lateness_seconds * 1e9)
-    contiguous = _contiguous_upto(state, keyed)
+    contiguous = _contiguous_upto(state, keyed) if policy.release_on_sequence else None
     ctx = Context(policy, state)
     released = 0
     for index, (key, step) in enumerate(keyed):

@@ -596,3 +596,37 @@ def test_task_type_selects_allowed_repeats():
     run.root()
     event = only(replay([run.spans], policy)[0], "identical_repetition")
     assert event["trigger_span_id"] == spans[4].span_id
+
+
+# ---------------------------------------------------------------- fully sequenced runs release early
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(order=st.permutations(range(9)), dup=st.lists(st.integers(0, 8), max_size=4))
+def test_sequenced_runs_are_order_independent_with_early_release(order, dup):
+    run = Run(sequenced=True)
+    args = [
+        ORDER,
+        ORDER,
+        {"order_id": "B"},
+        ORDER,
+        ORDER,
+        ORDER,
+        {"order_id": "C"},
+        {"order_id": "C"},
+        {"order_id": "C"},
+    ]
+    for a in args:
+        run.tool("lookup_order", a, DELIVERED)
+    root = run.root()
+    tools = run.spans[:-1]
+    baseline, _ = replay([run.spans])
+    shuffled = [[tools[i]] for i in order] + [[tools[i]] for i in dup] + [[root]]
+    events, runs = replay(shuffled)
+    assert [e["event_id"] for e in events] == [e["event_id"] for e in baseline]
+    assert [e["trigger_span_id"] for e in events] == [tools[5].span_id, tools[8].span_id]
+    assert runs[0]["late_spans"] == 0 and runs[0]["duplicate_spans"] == len(dup)
