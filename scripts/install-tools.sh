@@ -3,6 +3,7 @@
 #   java (JDK >= 17), mvn                      -> the local Kafka broker (scripts/kafka.sh)
 #   prometheus, promtool                        -> Debian package `prometheus`
 #   alertmanager, amtool                        -> Debian package `prometheus-alertmanager`
+#   docker-compose (config validation only)     -> Debian package `docker-compose`
 #                                                  (Debian names the binary prometheus-alertmanager;
 #                                                  an `alertmanager` symlink is added when missing)
 # Idempotent and fast (no apt at all) when everything is present. Installs with apt-get,
@@ -52,6 +53,8 @@ command -v mvn >/dev/null 2>&1 || missing+=("maven")
   || missing+=("prometheus")
 { alertmanager_bin >/dev/null && command -v amtool >/dev/null 2>&1; } \
   || missing+=("prometheus-alertmanager")
+# docker-compose (v1, Debian) only validates docker-compose.yml in the tests; no engine runs.
+command -v docker-compose >/dev/null 2>&1 || missing+=("docker-compose")
 
 ensure_alertmanager_link() {
   if ! command -v alertmanager >/dev/null 2>&1 && [[ -x /usr/bin/prometheus-alertmanager ]]; then
