@@ -1,0 +1,432 @@
+"""`loopwatch query`: a small client for the worker's on-call HTTP API (stdlib only).
+
+    loopwatch query loops [--by shape,prompt_version,tool_version] [--since 1h]  GET /loops
+    loopwatch query runs  [--since 1h]                                            GET /runs
+    loopwatch query run RUN_ID                                                    GET /runs/ID
+
+The API is at --url, else $LOOPWATCH_API, else http://127.0.0.1:6066; a bearer token is sent
+when $LOOPWATCH_API_TOKEN is set. Answers are rendered as aligned tables (largest count
+first) or, with --json, printed as the server sent them. Arguments are checked before any
+request; every failure is one LoopwatchError line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import ipaddress
+import json
+import os
+import re
+import socket
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from detectors.errors import LoopwatchError
+
+__all__ = [
+    "BY_LABELS",
+    "DEFAULT_API",
+    "ApiClient",
+    "cmd_query",
+    "parse_by",
+    "parse_since",
+    "render_loops",
+    "render_run",
+    "render_runs",
+]
+
+DEFAULT_API = "http://127.0.0.1:6066"
+BY_LABELS = ("shape", "prompt_version", "tool_version")
+SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_SINCE_SECONDS = 366 * 86400
+_SINCE = re.compile(r"([0-9]{1,7})([smhd])").fullmatch
+DIGEST_CHARS = 12  # fingerprints/digests are shortened in tables (--json has them whole)
+MAX_CELL = 60
+
+STEP_COLUMNS = ("position", "span_id", "tool_name", "action_fp", "outcome_digest", "error_code")
+FINDING_COLUMNS = (
+    "shape",
+    "severity",
+    "tool_name",
+    "count",
+    "first_sequence",
+    "last_sequence",
+    "trigger_span_id",
+    "recommended_action",
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------
+
+
+def parse_since(text: str) -> str:
+    """A look-back window: a positive integer and one of s, m, h, d (30m, 1h, 24h, 7d)."""
+    m = _SINCE(text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise LoopwatchError(
+            f"--since {text!r}: expected a duration like 30m, 1h, 24h or 7d (units s, m, h, d)"
+        )
+    if int(m.group(1)) * SINCE_UNITS[m.group(2)] > MAX_SINCE_SECONDS:
+        raise LoopwatchError(f"--since {text!r}: at most 366d")
+    return f"{int(m.group(1))}{m.group(2)}"
+
+
+def parse_by(text: str) -> list[str]:
+    """Comma-separated group-by labels, each one of BY_LABELS, no repeats."""
+    labels = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not label for label in labels):
+        raise LoopwatchError(
+            f"--by {text!r}: expected comma-separated labels from {', '.join(BY_LABELS)}"
+        )
+    for label in labels:
+        if label not in BY_LABELS:
+            raise LoopwatchError(f"--by: unknown label {label!r}; labels: {', '.join(BY_LABELS)}")
+    dup = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
+    if dup is not None:
+        raise LoopwatchError(f"--by: label {dup!r} given twice")
+    return labels
+
+
+def _base_url(arg: str | None) -> str:
+    url = (arg or os.environ.get("LOOPWATCH_API") or DEFAULT_API).strip().rstrip("/")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise LoopwatchError(f"on-call API URL {url!r}: expected http://HOST:PORT or https://...")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise LoopwatchError(f"on-call API URL {url!r}: invalid port") from None
+    return url
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP
+# ---------------------------------------------------------------------------------------
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Never follow a redirect: the bearer token must not travel to another address."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _server_message(body: bytes, fallback: str) -> str:
+    """The error text of an error response: {"error": ...} / {"message": ...} / plain text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        for key in ("error", "message", "detail"):
+            value = doc.get(key)
+            if isinstance(value, dict):
+                value = value.get("message")
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+    first = text.splitlines()[0].strip() if text else ""
+    if first and not first.startswith("<"):
+        return first[:200]
+    return fallback
+
+
+class ApiClient:
+    """GET JSON from the on-call API; every failure is a LoopwatchError with one clear line."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token or None
+        self.timeout = timeout
+        host = urllib.parse.urlsplit(self.base_url).hostname or ""
+        proxies = urllib.request.ProxyHandler({} if _is_loopback(host) else None)
+        self.opener = urllib.request.build_opener(proxies, _NoRedirect())
+
+    def unreachable(self, why: str | None = None) -> LoopwatchError:
+        detail = f" ({why})" if why else ""
+        return LoopwatchError(
+            f"cannot reach the on-call API at {self.base_url}{detail}: "
+            "is `loopwatch worker` running?"
+        )
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, bytes, Any]:
+        """(status, body, parsed JSON) of a 2xx answer. HTTPError is raised for 4xx/5xx so
+        the caller can map a 404; everything else becomes a LoopwatchError here."""
+        url = self.base_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        headers = {"Accept": "application/json", "User-Agent": "loopwatch-query"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url, headers=headers, method="GET")
+        try:
+            with self.opener.open(request, timeout=self.timeout) as response:
+                status = response.status
+                body = response.read()
+        except urllib.error.HTTPError:
+            raise
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, ConnectionRefusedError):
+                raise self.unreachable() from None
+            if isinstance(reason, TimeoutError):
+                raise self.unreachable(f"no answer within {self.timeout:g} s") from None
+            if isinstance(reason, socket.gaierror):
+                raise self.unreachable("unknown host") from None
+            raise self.unreachable(getattr(reason, "strerror", None) or str(reason)) from None
+        except ConnectionRefusedError:
+            raise self.unreachable() from None
+        except TimeoutError:
+            raise self.unreachable(f"no answer within {self.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:  # reset, disconnected, bad status
+            raise self.unreachable(type(exc).__name__) from None
+        if status >= 300:  # a redirect we refused to follow
+            raise LoopwatchError(
+                f"the on-call API at {self.base_url} answered {path} with HTTP {status} "
+                "(redirects are not followed: check --url)"
+            )
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise LoopwatchError(
+                f"the on-call API at {self.base_url} answered {path} with invalid JSON"
+            ) from None
+        return status, body, doc
+
+    def http_error(self, exc: urllib.error.HTTPError, path: str) -> LoopwatchError:
+        try:
+            body = exc.read()
+        except OSError:
+            body = b""
+        message = _server_message(body, exc.reason if isinstance(exc.reason, str) else "")
+        code = exc.code
+        if code in (401, 403):
+            hint = (
+                "LOOPWATCH_API_TOKEN was sent and refused"
+                if self.token
+                else "set LOOPWATCH_API_TOKEN"
+            )
+            return LoopwatchError(
+                f"the on-call API refused {path}: {message} (HTTP {code}; {hint})"
+            )
+        if 400 <= code < 500:
+            return LoopwatchError(
+                f"{message} (HTTP {code})" if message else f"HTTP {code} on {path}"
+            )
+        return LoopwatchError(
+            f"the on-call API at {self.base_url} failed on {path}: "
+            f"{message or 'server error'} (HTTP {code})"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    text = " ".join(text.split())  # no control characters or line breaks in a table
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def _digest(value: Any) -> str:
+    if isinstance(value, str) and len(value) > DIGEST_CHARS + 1:
+        return value[:DIGEST_CHARS] + "…"
+    return _cell(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    """Aligned columns two spaces apart; columns in `right` are right-aligned."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(out).rstrip()
+
+    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def _rows(doc: Any, what: str) -> list[dict[str, Any]]:
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise LoopwatchError(f"unexpected answer from the on-call API for {what}: no rows list")
+    return rows
+
+
+def render_loops(doc: Any, by: Sequence[str], since: str) -> list[str]:
+    """GET /loops answer -> table lines, groups with most events first."""
+    rows = _rows(doc, "loops")
+    labels = doc.get("by") if isinstance(doc.get("by"), list) else list(by)
+    since = doc.get("since") if isinstance(doc.get("since"), str) else since
+    if not rows:
+        return [f"no loop events in the last {since}"]
+    ordered = sorted(
+        rows,
+        key=lambda r: (-_count(r.get("events")), [_cell(r.get(label)) for label in labels]),
+    )
+    cells = [[_cell(r.get(label)) for label in labels] + [_cell(r.get("events"))] for r in ordered]
+    total = sum(_count(r.get("events")) for r in rows)
+    lines = table([*labels, "events"], cells, {len(labels)})
+    lines.append(f"{total:,} loop event{'s' if total != 1 else ''} in the last {since}")
+    return lines
+
+
+RUN_COLUMNS = ("prompt_version", "outcome", "termination_reason")
+
+
+def render_runs(doc: Any, since: str) -> list[str]:
+    """GET /runs answer -> table lines, most runs first."""
+    rows = _rows(doc, "runs")
+    since = doc.get("since") if isinstance(doc.get("since"), str) else since
+    if not rows:
+        return [f"no finished runs in the last {since}"]
+    ordered = sorted(
+        rows, key=lambda r: (-_count(r.get("runs")), [_cell(r.get(c)) for c in RUN_COLUMNS])
+    )
+    cells = [[_cell(r.get(c)) for c in RUN_COLUMNS] + [_cell(r.get("runs"))] for r in ordered]
+    total = sum(_count(r.get("runs")) for r in rows)
+    lines = table([*RUN_COLUMNS, "runs"], cells, {len(RUN_COLUMNS)})
+    lines.append(f"{total:,} run{'s' if total != 1 else ''} finished in the last {since}")
+    return lines
+
+
+def _columns(items: list[dict[str, Any]], preferred: Sequence[str]) -> list[str]:
+    present = [c for c in preferred if any(c in item for item in items)]
+    if present:
+        return present
+    seen: dict[str, None] = {}
+    for item in items:
+        for key, value in item.items():
+            if not isinstance(value, dict | list):
+                seen.setdefault(key, None)
+    return list(seen)
+
+
+def _item_table(items: list[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+    digests = {"action_fp", "outcome_digest", "fingerprint"}
+    cells = [[(_digest if c in digests else _cell)(item.get(c)) for c in columns] for item in items]
+    right = {i for i, c in enumerate(columns) if any(_is_number(item.get(c)) for item in items)}
+    return ["  " + line for line in table(list(columns), cells, right)]
+
+
+def render_run(doc: Any) -> list[str]:
+    """GET /runs/ID answer -> a header block, the run state, its steps and its findings."""
+    if not isinstance(doc, dict):
+        raise LoopwatchError("unexpected answer from the on-call API for a run: not an object")
+    finished = doc.get("finished")
+    lines = [
+        f"run       {_cell(doc.get('run_id'))}",
+        f"status    {'finished' if finished else 'in progress'}",
+    ]
+    state = doc.get("state")
+    if isinstance(state, dict) and state:
+        lines.append("state")
+        width = max(len(str(k)) for k in state)
+        for key in sorted(state, key=str):
+            lines.append(f"  {str(key):<{width}}  {_cell(state[key])}")
+    steps = [s for s in doc.get("steps") or [] if isinstance(s, dict)]
+    steps.sort(key=lambda s: _count(s.get("position")))
+    lines.append(f"steps ({len(steps)})")
+    if steps:
+        lines.extend(_item_table(steps, STEP_COLUMNS))
+    findings = [f for f in doc.get("findings") or [] if isinstance(f, dict)]
+    lines.append(f"findings ({len(findings)})")
+    if findings:
+        lines.extend(_item_table(findings, _columns(findings, FINDING_COLUMNS)))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------
+
+
+def _print_json(body: bytes) -> None:
+    text = body.decode("utf-8", "replace").strip()
+    sys.stdout.write(text + "\n")
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    what = args.what
+    run_id = args.run_id
+    if what == "run":
+        if not run_id or not run_id.strip():
+            raise LoopwatchError("`loopwatch query run` needs a RUN_ID")
+    elif run_id is not None:
+        raise LoopwatchError(f"`loopwatch query {what}` takes no RUN_ID (did you mean `run`?)")
+    since = parse_since(args.since) if what != "run" else ""
+    by = parse_by(args.by) if what == "loops" else []
+    timeout = float(getattr(args, "timeout", None) or 10.0)
+    if timeout <= 0:
+        raise LoopwatchError("--timeout must be positive")
+    client = ApiClient(_base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), timeout)
+
+    if what == "run":
+        path = "/runs/" + urllib.parse.quote(run_id, safe="")
+        params: dict[str, str] = {}
+    elif what == "loops":
+        path, params = "/loops", {"by": ",".join(by), "since": since}
+    else:
+        path, params = "/runs", {"since": since}
+    try:
+        _status, body, doc = client.get(path, params)
+    except urllib.error.HTTPError as exc:
+        if what == "run" and exc.code == 404:
+            exc.close()
+            raise LoopwatchError(
+                f"run {run_id} not found (finished runs are in loop_runs)"
+            ) from None
+        raise client.http_error(exc, path) from None
+    if what == "run" and isinstance(doc, dict) and doc.get("found") is False:
+        raise LoopwatchError(f"run {run_id} not found (finished runs are in loop_runs)")
+
+    if args.json:
+        _print_json(body)
+        return 0
+    if what == "loops":
+        lines = render_loops(doc, by, since)
+    elif what == "runs":
+        lines = render_runs(doc, since)
+    else:
+        lines = render_run(doc)
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,395 @@
+"""`loopwatch query` against a tiny local HTTP server serving canned on-call API answers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from streams.cli import main
+
+LOOPS = {
+    "by": ["shape", "prompt_version", "tool_version"],
+    "since": "1h",
+    "rows": [
+        {"shape": "retry_storm", "prompt_version": "support-v12", "tool_version": "2", "events": 4},
+        {
+            "shape": "identical_repetition",
+            "prompt_version": "support-v12",
+            "tool_version": "3",
+            "events": 1200,
+        },
+        {
+            "shape": "oscillation",
+            "prompt_version": "support-v11",
+            "tool_version": None,
+            "events": 4,
+        },
+    ],
+}
+
+RUNS = {
+    "since": "24h",
+    "rows": [
+        {
+            "prompt_version": "support-v12",
+            "outcome": "complete",
+            "termination_reason": "loop_guard",
+            "runs": 7,
+        },
+        {
+            "prompt_version": "support-v12",
+            "outcome": "complete",
+            "termination_reason": "final_answer",
+            "runs": 1520,
+        },
+        {
+            "prompt_version": "support-v11",
+            "outcome": "incomplete_trace",
+            "termination_reason": "unknown",
+            "runs": 7,
+        },
+    ],
+}
+
+RUN_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+FP = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+OUT = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+RUN = {
+    "run_id": RUN_ID,
+    "found": True,
+    "finished": False,
+    "state": {"steps": 3, "tokens": 1234, "agent": "support", "shapes": ["identical_repetition"]},
+    "steps": [
+        {
+            "position": 2,
+            "span_id": "00f067aa0ba902b8",
+            "tool_name": "lookup_order",
+            "action_fp": FP,
+            "outcome_digest": OUT,
+            "error_code": "not_found",
+        },
+        {
+            "position": 1,
+            "span_id": "00f067aa0ba902b7",
+            "tool_name": "lookup_order",
+            "action_fp": FP,
+            "outcome_digest": OUT,
+            "error_code": None,
+        },
+        {
+            "position": 3,
+            "span_id": "00f067aa0ba902b9",
+            "tool_name": "lookup_order",
+            "action_fp": FP,
+            "outcome_digest": OUT,
+            "error_code": "not_found",
+        },
+    ],
+    "findings": [
+        {
+            "shape": "identical_repetition",
+            "severity": "warning",
+            "tool_name": "lookup_order",
+            "count": 3,
+            "first_sequence": 1,
+            "last_sequence": 3,
+            "trigger_span_id": "00f067aa0ba902b9",
+            "evidence": {"fingerprint": FP},
+        }
+    ],
+}
+
+
+class Api:
+    """Canned answers by path; records every request it gets."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, tuple[int, Any]] = {
+            "/loops": (200, LOOPS),
+            "/runs": (200, RUNS),
+            f"/runs/{RUN_ID}": (200, RUN),
+        }
+        self.requests: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
+        self.url = ""
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
+    state = Api()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            parts = urllib.parse.urlsplit(self.path)
+            state.requests.append(
+                (parts.path, urllib.parse.parse_qs(parts.query), dict(self.headers.items()))
+            )
+            status, doc = state.routes.get(parts.path, (404, {"error": "no such endpoint"}))
+            body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.delenv("LOOPWATCH_API_TOKEN", raising=False)
+    monkeypatch.setenv("LOOPWATCH_API", state.url)
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
+    rc = main(["query", *argv])
+    out, err = capsys.readouterr()
+    return rc, out.splitlines(), err
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_loops_table(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, lines, err = run(capsys, "loops")
+    assert (rc, err) == (0, "")
+    assert lines == [
+        "shape                 prompt_version  tool_version  events",
+        "--------------------  --------------  ------------  ------",
+        "identical_repetition  support-v12     3              1,200",
+        "oscillation           support-v11     -                  4",
+        "retry_storm           support-v12     2                  4",
+        "1,208 loop events in the last 1h",
+    ]
+    [(path, query, _headers)] = api.requests
+    assert path == "/loops"
+    assert query == {"by": ["shape,prompt_version,tool_version"], "since": ["1h"]}
+
+
+def test_loops_by_and_since_are_sent(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/loops"] = (
+        200,
+        {"by": ["tool_version"], "since": "7d", "rows": [{"tool_version": "3", "events": 2}]},
+    )
+    rc, lines, _ = run(capsys, "loops", "--by", " tool_version ", "--since", "7d")
+    assert rc == 0
+    assert lines == [
+        "tool_version  events",
+        "------------  ------",
+        "3                  2",
+        "2 loop events in the last 7d",
+    ]
+    assert api.requests[0][1] == {"by": ["tool_version"], "since": ["7d"]}
+
+
+def test_loops_empty(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/loops"] = (200, {"by": ["shape"], "since": "30m", "rows": []})
+    rc, lines, _ = run(capsys, "loops", "--by", "shape", "--since", "30m")
+    assert (rc, lines) == (0, ["no loop events in the last 30m"])
+
+
+def test_runs_table(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, lines, err = run(capsys, "runs", "--since", "24h")
+    assert (rc, err) == (0, "")
+    assert lines == [
+        "prompt_version  outcome           termination_reason   runs",
+        "--------------  ----------------  ------------------  -----",
+        "support-v12     complete          final_answer        1,520",
+        "support-v11     incomplete_trace  unknown                 7",
+        "support-v12     complete          loop_guard              7",
+        "1,534 runs finished in the last 24h",
+    ]
+    assert api.requests[0][:2] == ("/runs", {"since": ["24h"]})
+
+
+def test_run_detail(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, lines, err = run(capsys, "run", RUN_ID)
+    assert (rc, err) == (0, "")
+    assert lines == [
+        f"run       {RUN_ID}",
+        "status    in progress",
+        "state",
+        "  agent   support",
+        '  shapes  ["identical_repetition"]',
+        "  steps   3",
+        "  tokens  1,234",
+        "steps (3)",
+        "  position  span_id           tool_name     action_fp      outcome_digest  error_code",
+        "  --------  ----------------  ------------  -------------  --------------  ----------",
+        "         1  00f067aa0ba902b7  lookup_order  9f86d081884c…  e3b0c44298fc…   -",
+        "         2  00f067aa0ba902b8  lookup_order  9f86d081884c…  e3b0c44298fc…   not_found",
+        "         3  00f067aa0ba902b9  lookup_order  9f86d081884c…  e3b0c44298fc…   not_found",
+        "findings (1)",
+        "  shape                 severity  tool_name     count  first_sequence  last_sequence"
+        "  trigger_span_id",
+        "  --------------------  --------  ------------  -----  --------------  -------------"
+        "  ----------------",
+        "  identical_repetition  warning   lookup_order      3               1              3"
+        "  00f067aa0ba902b9",
+    ]
+    assert api.requests[0][0] == f"/runs/{RUN_ID}"
+
+
+def test_run_id_is_quoted(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/runs/conv%2F7%20a"] = (200, {**RUN, "run_id": "conv/7 a", "finished": True})
+    rc, lines, _ = run(capsys, "run", "conv/7 a")
+    assert rc == 0
+    assert lines[:2] == ["run       conv/7 a", "status    finished"]
+    assert api.requests[0][0] == "/runs/conv%2F7%20a"
+
+
+@pytest.mark.parametrize(
+    ("argv", "doc"),
+    [(["loops"], LOOPS), (["runs"], RUNS), (["run", RUN_ID], RUN)],
+)
+def test_json_output(
+    api: Api, capsys: pytest.CaptureFixture[str], argv: list[str], doc: Any
+) -> None:
+    rc = main(["query", *argv, "--json"])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    assert json.loads(out) == doc
+    assert out.endswith("\n")
+
+
+def test_run_not_found(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, lines, err = run(capsys, "run", "nope")
+    assert (rc, lines) == (2, [])
+    assert err == "loopwatch: error: run nope not found (finished runs are in loop_runs)\n"
+
+
+def test_run_found_false_is_not_found(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/runs/gone"] = (200, {"run_id": "gone", "found": False})
+    rc, _, err = run(capsys, "run", "gone")
+    assert rc == 2
+    assert err == "loopwatch: error: run gone not found (finished runs are in loop_runs)\n"
+
+
+def test_http_400_shows_server_message(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/loops"] = (400, {"error": "since: at most 7d of history is kept"})
+    rc, lines, err = run(capsys, "loops", "--since", "30d")
+    assert (rc, lines) == (2, [])
+    assert err == "loopwatch: error: since: at most 7d of history is kept (HTTP 400)\n"
+
+
+def test_http_401_hints_at_the_token(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/runs"] = (401, {"error": "missing bearer token"})
+    rc, _, err = run(capsys, "runs")
+    assert rc == 2
+    assert err == (
+        "loopwatch: error: the on-call API refused /runs: missing bearer token"
+        " (HTTP 401; set LOOPWATCH_API_TOKEN)\n"
+    )
+
+
+def test_http_500(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/runs"] = (500, b"Internal Server Error\nTraceback (most recent call last): ...")
+    rc, _, err = run(capsys, "runs")
+    assert rc == 2
+    assert err == (
+        f"loopwatch: error: the on-call API at {api.url} failed on /runs:"
+        " Internal Server Error (HTTP 500)\n"
+    )
+
+
+def test_invalid_json_answer(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    api.routes["/runs"] = (200, b"<html>not json</html>")
+    rc, _, err = run(capsys, "runs")
+    assert rc == 2
+    assert err == (
+        f"loopwatch: error: the on-call API at {api.url} answered /runs with invalid JSON\n"
+    )
+
+
+def test_token_header(
+    api: Api, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(capsys, "runs")
+    assert "Authorization" not in api.requests[-1][2]
+    monkeypatch.setenv("LOOPWATCH_API_TOKEN", "s3cret-token")
+    rc, _, _ = run(capsys, "runs")
+    assert rc == 0
+    assert api.requests[-1][2]["Authorization"] == "Bearer s3cret-token"
+
+
+def test_url_flag_beats_environment(
+    api: Api, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOPWATCH_API", f"http://127.0.0.1:{unused_port()}")
+    rc, lines, _ = run(capsys, "runs", "--url", api.url + "/")
+    assert rc == 0 and lines[0].startswith("prompt_version")
+
+
+def test_connection_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{unused_port()}"
+    rc, lines, err = run(capsys, "loops", "--url", url)
+    assert (rc, lines) == (2, [])
+    assert err == (
+        f"loopwatch: error: cannot reach the on-call API at {url}: is `loopwatch worker` running?\n"
+    )
+
+
+@pytest.mark.parametrize("since", ["5x", "0h", "1.5h", "h", "-1h", "1w", "400d", ""])
+def test_bad_since_rejected_before_any_request(
+    api: Api, capsys: pytest.CaptureFixture[str], since: str
+) -> None:
+    rc, lines, err = run(capsys, "loops", f"--since={since}")
+    assert (rc, lines) == (2, [])
+    assert err.startswith(f"loopwatch: error: --since {since!r}: ")
+    assert err.count("\n") == 1
+    assert api.requests == []
+
+
+@pytest.mark.parametrize(
+    ("by", "message"),
+    [
+        ("shape,foo", "--by: unknown label 'foo'; labels: shape, prompt_version, tool_version"),
+        ("run_id", "--by: unknown label 'run_id'; labels: shape, prompt_version, tool_version"),
+        ("shape,shape", "--by: label 'shape' given twice"),
+        ("shape,,tool_version", "--by 'shape,,tool_version': expected comma-separated labels"),
+        ("", "--by '': expected comma-separated labels"),
+    ],
+)
+def test_bad_by_rejected_before_any_request(
+    api: Api, capsys: pytest.CaptureFixture[str], by: str, message: str
+) -> None:
+    rc, lines, err = run(capsys, "loops", f"--by={by}")
+    assert (rc, lines) == (2, [])
+    assert err.startswith(f"loopwatch: error: {message}")
+    assert api.requests == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run"], "`loopwatch query run` needs a RUN_ID"),
+        (["runs", "abc"], "`loopwatch query runs` takes no RUN_ID (did you mean `run`?)"),
+        (["runs", "--url", "ftp://example.org"], "on-call API URL 'ftp://example.org'"),
+    ],
+)
+def test_bad_arguments(
+    api: Api, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2
+    assert err.startswith(f"loopwatch: error: {message}")
+    assert api.requests == []
