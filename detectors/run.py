@@ -87,7 +87,7 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
         ctx = Context(policy, state)
         _process(ctx, step)
         return ctx.findings
-    state.pending.append(step.to_list())
+    state.pending.append(step)
     if len(state.pending) > policy.max_pending_steps:
         state.forced_releases += 1
         return _release(policy, state, None, force_one=True)
@@ -184,7 +184,14 @@ def _note_container(state: RunState, step: Step) -> None:
         state.root_seen = True
         state.root_end_ns = step.end_ns
         state.root_error = step.status_error
-        if step.termination is not None:
+        # A root that merely ended without error says "final_answer" by default: that must
+        # not hide a turn limit an agent span reported (OpenAI Agents SDK: the root "Agent
+        # workflow" ends OK, the agent span carries "Max turns exceeded").
+        if step.termination is not None and not (
+            step.termination == "final_answer"
+            and not step.status_error
+            and state.termination not in (None, "final_answer")
+        ):
             state.termination = step.termination
         if state.prompt_version is None:
             state.prompt_version = step.prompt_version
@@ -196,10 +203,15 @@ def _note_container(state: RunState, step: Step) -> None:
             state.service_name = step.service_name
         if state.task_type is None:
             state.task_type = step.task_type
-    elif (
-        not state.root_seen and step.termination is not None and step.termination != "final_answer"
-    ):
-        state.termination = step.termination
+    else:
+        if step.agent_name is not None:
+            state.agent_name = step.agent_name
+        if (
+            step.termination is not None
+            and step.termination != "final_answer"
+            and (not state.root_seen or state.termination in (None, "final_answer"))
+        ):
+            state.termination = step.termination
     if state.guard_ns is not None and state.guard_ns < state.last_end_ns:
         state.tool_after_guard = state.tool_after_guard or _tool_started_after(
             state, state.guard_ns
@@ -220,7 +232,7 @@ def _key(step: Step, seq: int | None) -> list[Any]:
 
 
 def _ordered(state: RunState) -> list[tuple[list[Any], Step]]:
-    steps = sorted(state.pending_steps(), key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    steps = sorted(state.pending, key=lambda s: (s.start_ns, s.end_ns, s.span_id))
     # An unsequenced step takes the sequence of the latest sequenced step before it in time.
     carried = state.released_seq or 0
     keyed = []
@@ -265,8 +277,8 @@ def _release(
         _process(ctx, step)
         released += 1
     if released:
-        del_ids = {step.span_id for _, step in keyed[:released]}
-        state.pending = [values for values in state.pending if values[2] not in del_ids]
+        done = {id(step) for _, step in keyed[:released]}
+        state.pending = [step for step in state.pending if id(step) not in done]
     return ctx.findings
 
 

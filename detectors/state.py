@@ -34,7 +34,7 @@ class RunState:
     conflicts: int = 0
     forced_releases: int = 0
     dedup: dict[str, str] = field(default_factory=dict)  # span_id -> content digest
-    pending: list[list[Any]] = field(default_factory=list)  # buffered steps (Step.to_list)
+    pending: list[Step] = field(default_factory=list)  # buffered steps (lists when serialized)
     released_seq: int | None = None  # highest explicit sequence released
     last_key: list[Any] | None = None  # ordering key of the last released step
     max_end_ns: int = 0  # per-run event-time watermark
@@ -84,19 +84,20 @@ class RunState:
     finalized: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        data["pending"] = [step.to_list() for step in self.pending]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
         if data.get("v") != STATE_VERSION:
             raise ValueError(f"run state version {data.get('v')!r} is not {STATE_VERSION}")
-        return cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
+        state = cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
+        state.pending = [Step.from_list(values) for values in data.get("pending", ())]
+        return state
 
-    def pending_steps(self) -> list[Step]:
-        return [Step.from_list(values) for values in self.pending]
 
-
-_FIELD_NAMES = frozenset(f.name for f in fields(RunState))
+_FIELD_NAMES = tuple(f.name for f in fields(RunState))
 
 # Layout of one entry of RunState.window (a recent tool step).
 WIN_TOOL = 0

@@ -6,8 +6,9 @@ fields, and dropped: nothing customer-provided leaves this module except as a di
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
+import zlib
 from typing import Any
 
 from detectors.fingerprint import Fingerprinter
@@ -78,13 +79,45 @@ def _short_code(value: Any) -> str | None:
     return code.lower()[:MAX_CODE_LEN]
 
 
+_OLL_ENVELOPE_KEYS = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
+
+
 def _unwrap_arguments(args: Any) -> Any:
-    # OpenLLMetry wraps tool inputs: {"inputs": {...}} / {"input_str": "..."}.
-    if isinstance(args, dict) and len(args) == 1:
-        for key in ("inputs", "input_str", "kwargs"):
-            if key in args:
-                return _as_json(args[key])
+    # OpenLLMetry wraps tool inputs: {"input_str": "{'order_id': 'A12'}", "tags": [...],
+    # "metadata": {...}, "inputs": {"order_id": "A12"}, "kwargs": {"tool_call_id": ...}}.
+    if isinstance(args, dict) and args and set(args) <= _OLL_ENVELOPE_KEYS:
+        if "inputs" in args:
+            return _as_json(args["inputs"])
+        if "input_str" in args:
+            return _as_json(args["input_str"])
     return args
+
+
+def _unwrap_result(result: Any) -> tuple[Any, Any, str | None]:
+    """LangChain ToolMessage envelopes -> (the tool's own result as parsed, as sent, tool_call_id).
+
+    Returns (result, None, None) when the result is not such an envelope.
+
+    OpenInference: {"type": "tool", "data": {"content": "...", "tool_call_id": ...}}
+    OpenLLMetry:   {"output": {"lc": 1, "id": [..., "ToolMessage"], "kwargs": {"content": ...}},
+                    "kwargs": {...}}
+    """
+    if isinstance(result, dict) and "output" in result and set(result) <= {"output", "kwargs"}:
+        result = _as_json(result["output"])
+    if not isinstance(result, dict):
+        return result, None, None
+    inner = None
+    if result.get("type") == "tool" and isinstance(result.get("data"), dict):
+        inner = result["data"]
+    elif result.get("lc") == 1 and isinstance(result.get("kwargs"), dict):
+        ident = result.get("id")
+        if isinstance(ident, list) and ident and ident[-1] == "ToolMessage":
+            inner = result["kwargs"]
+    if inner is None or "content" not in inner:
+        return result, None, None
+    call_id = inner.get("tool_call_id")
+    content = inner["content"]
+    return _as_json(content), content, (str(call_id) if call_id else None)
 
 
 def _apply_ops(value: Any, ops: tuple[str, ...]) -> Any:
@@ -150,74 +183,146 @@ class Normalizer:
             self._run_keys = self._conversation
         else:
             self._run_keys = (run_key,)
+        # One pass over a span's attributes finds every convention field (first key wins):
+        # attribute key -> [(field, rank)].
+        fields: dict[str, tuple[str, ...]] = {
+            name: c[name]
+            for name in (
+                "operation",
+                "span_kind",
+                "tool_name",
+                "call_id",
+                "error_type",
+                "prompt_version",
+                "tool_version",
+                "agent_name",
+                "conversation",
+                "input_tokens",
+                "output_tokens",
+                "handoff_from",
+                "handoff_to",
+                "plan_steps",
+                "output_messages",
+                "finish_reason",
+                "metadata",
+            )
+        }
+        fields["arguments"] = self._arguments
+        fields["result"] = self._result
+        # OpenLLMetry copies LangChain metadata to traceloop.association.properties.<key>.
+        fields["sequence"] = self._sequence + tuple(
+            "traceloop.association.properties." + key for key in self._sequence
+        )
+        if self._task_attr is not None:
+            fields["task_type"] = (self._task_attr,)
+        if self._run_keys is not None:
+            fields["run_key"] = self._run_keys
+        self._keymap: dict[str, list[tuple[str, int]]] = {}
+        for name, keys in fields.items():
+            for rank, key in enumerate(keys):
+                self._keymap.setdefault(key, []).append((name, rank))
+        self._resources: dict[int, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ public
 
     def run_id(self, span: SpanRecord) -> str:
+        return self._run_id(span, self._view(span.attributes), self._resource(span.resource))
+
+    def _run_id(self, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...]) -> str:
         if self._run_keys is not None:
-            value = _first(span.attributes, self._run_keys)
+            value = v.get("run_key")
             if value is None:
-                value = _first(span.resource, self._run_keys)
+                value = res[5]
             if value is not None:
                 return str(value)
         return span.trace_id
 
+    def _view(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        view: dict[str, Any] = {}
+        ranks: dict[str, int] = {}
+        keymap = self._keymap
+        for key, value in attrs.items():
+            hits = keymap.get(key)
+            if hits is None or value is None or value == "":
+                continue
+            for name, rank in hits:
+                if rank < ranks.get(name, 1 << 30):
+                    view[name] = value
+                    ranks[name] = rank
+        return view
+
+    def _resource(self, resource: dict[str, Any]) -> tuple[Any, ...]:
+        """(resource, service, prompt_version, tool_version, task_type, run key), cached:
+        every span of one ResourceSpans shares its resource dict."""
+        cached = self._resources.get(id(resource))
+        if cached is not None and cached[0] is resource:
+            return cached
+        if len(self._resources) > 4096:
+            self._resources.clear()
+        info = (
+            resource,
+            _str_or_none(resource.get("service.name")),
+            _str_or_none(_first(resource, self._resource_prompt_version)),
+            _str_or_none(_first(resource, self._resource_tool_version)),
+            _str_or_none(resource.get(self._task_attr)) if self._task_attr else None,
+            _first(resource, self._run_keys) if self._run_keys else None,
+        )
+        self._resources[id(resource)] = info
+        return info
+
     def step(self, span: SpanRecord) -> Step:
-        attrs = span.attributes
-        kind = self._classify(span)
+        v = self._view(span.attributes)
+        res = self._resource(span.resource)
+        kind = self._classify(span, v)
         step = Step(
-            run_id=self.run_id(span),
-            trace_id=span.trace_id,
-            span_id=span.span_id,
-            parent_span_id=span.parent_span_id,
-            kind=kind,
-            start_ns=span.start_ns,
-            end_ns=span.end_ns,
-            sequence=self._sequence_of(attrs),
-            content_digest=self._content_digest(span),
-            is_root=span.parent_span_id is None,
-            status_error=span.status_code == STATUS_ERROR,
+            self._run_id(span, v, res),
+            span.trace_id,
+            span.span_id,
+            span.parent_span_id,
+            kind,
+            span.start_ns,
+            span.end_ns,
+            self._sequence_of(v),
+            self._content_digest(span),
         )
-        step.service_name = _str_or_none(span.resource.get("service.name"))
-        step.prompt_version = _str_or_none(
-            _first(attrs, self._prompt_version)
-            or _first(span.resource, self._resource_prompt_version)
-        )
-        step.agent_name = _str_or_none(_first(attrs, self._agent_name))
-        step.session_id = _str_or_none(_first(attrs, self._conversation))
-        if self._task_attr is not None:
-            step.task_type = _str_or_none(
-                attrs.get(self._task_attr) or span.resource.get(self._task_attr)
-            )
-        step.input_tokens = _as_int(_first(attrs, self._input_tokens)) or 0
-        step.output_tokens = _as_int(_first(attrs, self._output_tokens)) or 0
+        step.is_root = span.parent_span_id is None
+        step.status_error = span.status_code == STATUS_ERROR
+        step.service_name = res[1]
+        prompt_version = v.get("prompt_version")
+        step.prompt_version = str(prompt_version) if prompt_version is not None else res[2]
+        step.agent_name = _str_or_none(v.get("agent_name"))
+        step.session_id = _str_or_none(v.get("conversation"))
+        task_type = v.get("task_type")
+        step.task_type = str(task_type) if task_type is not None else res[4]
+        if "input_tokens" in v:
+            step.input_tokens = _as_int(v["input_tokens"]) or 0
+        if "output_tokens" in v:
+            step.output_tokens = _as_int(v["output_tokens"]) or 0
 
         if kind == TOOL:
-            self._fill_tool(step, span)
+            self._fill_tool(step, span, v, res)
         elif kind == HANDOFF:
-            self._fill_handoff(step, span)
+            self._fill_handoff(step, span, v)
         elif kind == PLAN:
-            raw = _as_json(_first(attrs, self._plan_steps))
-            step.plan_fp = self._plan_fp(_plan_calls(raw))
+            step.plan_fp = self._plan_fp(_plan_calls(_as_json(v.get("plan_steps"))))
         elif kind == LLM:
-            calls = self._requested_calls(attrs)
+            calls = self._requested_calls(span.attributes, v)
             if len(calls) >= 2:  # a single requested call is an action, not a plan
                 step.plan_fp = self._plan_fp(calls)
         if step.is_root or kind == AGENT:
-            self._fill_termination(step, span)
+            self._fill_termination(step, span, v)
         return step
 
     # ------------------------------------------------------------------ classification
 
-    def _classify(self, span: SpanRecord) -> str:
-        attrs = span.attributes
-        op = _first(attrs, self._op)
-        oik = _first(attrs, self._oikind)
+    def _classify(self, span: SpanRecord, v: dict[str, Any]) -> str:
+        op = v.get("operation")
+        oik = v.get("span_kind")
         name = span.name
-        if op == "handoff" or _first(attrs, self._handoff_to) is not None:
+        if op == "handoff" or "handoff_to" in v:
             return HANDOFF
         if op == "execute_tool" or oik == "TOOL" or oik == "RETRIEVER" or name.endswith(".tool"):
-            tool = self._tool_name_of(span)
+            tool = self._tool_name_of(span, v)
             if name.startswith("handoff to ") or tool.startswith("transfer_to_"):
                 return HANDOFF
             return TOOL
@@ -234,8 +339,8 @@ class Normalizer:
             return SUMMARY
         return OTHER
 
-    def _tool_name_of(self, span: SpanRecord) -> str:
-        name = _first(span.attributes, self._tool_name)
+    def _tool_name_of(self, span: SpanRecord, v: dict[str, Any]) -> str:
+        name = v.get("tool_name")
         if name is not None:
             return str(name)
         span_name = span.name
@@ -245,13 +350,12 @@ class Normalizer:
             return span_name[: -len(".tool")]
         return span_name
 
-    def _sequence_of(self, attrs: dict[str, Any]) -> int | None:
-        for key in self._sequence:
-            if key in attrs:
-                seq = _as_int(attrs[key])
-                if seq is not None:
-                    return seq
-        meta = _first(attrs, self._metadata)
+    def _sequence_of(self, v: dict[str, Any]) -> int | None:
+        if "sequence" in v:
+            seq = _as_int(v["sequence"])
+            if seq is not None:
+                return seq
+        meta = v.get("metadata")
         if meta is not None:
             meta = _as_json(meta)
             if isinstance(meta, dict):
@@ -264,28 +368,47 @@ class Normalizer:
 
     # ------------------------------------------------------------------ tools
 
-    def _fill_tool(self, step: Step, span: SpanRecord) -> None:
-        attrs = span.attributes
-        tool = self._tool_name_of(span)
-        contract = self.policy.tool(tool)
+    def _fill_tool(
+        self, step: Step, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...]
+    ) -> None:
+        tool = self._tool_name_of(span, v)
+        contract = self.policy.tools.get(tool)
         step.name = tool
-        step.call_id = _str_or_none(_first(attrs, self._call_id))
-        step.tool_version = _str_or_none(
-            _first(attrs, self._tool_version) or _first(span.resource, self._resource_tool_version)
-        )
-        raw_args = _first(attrs, self._arguments)
-        args = _unwrap_arguments(_as_json(raw_args)) if raw_args is not None else {}
+        step.call_id = _str_or_none(v.get("call_id"))
+        tool_version = v.get("tool_version")
+        step.tool_version = str(tool_version) if tool_version is not None else res[3]
+        raw_args = v.get("arguments")
+        wrapped = _as_json(raw_args) if raw_args is not None else {}
+        args = _unwrap_arguments(wrapped)
+        if step.call_id is None and args is not wrapped and isinstance(wrapped, dict):
+            kw = wrapped.get("kwargs")
+            if isinstance(kw, dict) and kw.get("tool_call_id"):
+                step.call_id = str(kw["tool_call_id"])
         if not isinstance(args, dict):
-            args = {"input": args}  # a bare string/number input is the single argument
-        raw_result = _first(attrs, self._result)
+            # A bare string/number input is the single argument. OpenInference's LangChain
+            # instrumentation records a one-argument call as just its value ("A12"): under
+            # a contract it is the first identity argument.
+            single = contract.identity[0] if contract and contract.identity else "input"
+            args = {single: args}
+        raw_result = v.get("result")
         has_result = raw_result is not None
-        result = _as_json(raw_result) if has_result else None
+        result = None
+        if has_result:
+            result, sent, envelope_call_id = _unwrap_result(_as_json(raw_result))
+            if sent is not None:
+                raw_result = sent  # digest the tool's own result, not the framework envelope
+            if step.call_id is None:
+                step.call_id = envelope_call_id
 
         step.action_fp = self._action_fp(tool, args, contract)
-        code = self._error_code(span, result)
+        code = self._error_code(span, v, result)
         step.error_code = code
         if has_result:
-            step.result_fp = self.fp.of_value("result", result)
+            # Results come from tool code (stable serialization): digest the text as sent.
+            if isinstance(raw_result, str):
+                step.result_fp = self.fp.of_text("result", raw_result)
+            else:
+                step.result_fp = self.fp.of_value("result", result)
             step.empty_result = _is_empty(result)
         elif code is not None:
             step.result_fp = self.fp.of_text("code", code)
@@ -346,8 +469,8 @@ class Normalizer:
                 if key not in (None, ""):
                     step.idempotency_fp = self.fp.of_value("idempotency", key)
 
-    def _error_code(self, span: SpanRecord, result: Any) -> str | None:
-        code = _short_code(_first(span.attributes, self._error_type))
+    def _error_code(self, span: SpanRecord, v: dict[str, Any], result: Any) -> str | None:
+        code = _short_code(v.get("error_type"))
         if code is not None:
             return code
         if isinstance(result, dict) and result.get("ok") is False:
@@ -371,24 +494,28 @@ class Normalizer:
 
     # ------------------------------------------------------------------ handoffs, plans
 
-    def _fill_handoff(self, step: Step, span: SpanRecord) -> None:
-        attrs = span.attributes
-        to_agent = _first(attrs, self._handoff_to)
-        from_agent = _first(attrs, self._handoff_from)
+    def _fill_handoff(self, step: Step, span: SpanRecord, v: dict[str, Any]) -> None:
+        to_agent = v.get("handoff_to")
+        from_agent = v.get("handoff_from")
         if to_agent is None:
             name = span.name
-            tool = self._tool_name_of(span)
+            tool = self._tool_name_of(span, v)
             if name.startswith("handoff to "):
                 to_agent = name[len("handoff to ") :]
             elif tool.startswith("transfer_to_"):
                 to_agent = tool[len("transfer_to_") :]
+        if from_agent is None and span.name.startswith("handoff to "):
+            # OpenInference (OpenAI Agents SDK): input.value = source agent, output.value = target
+            value = span.attributes.get("input.value")
+            if isinstance(value, str) and value and value[:1] not in "{[":
+                from_agent = value
         step.to_agent = _str_or_none(to_agent)
         step.from_agent = _str_or_none(from_agent) or step.agent_name
         step.name = f"{step.from_agent or '?'}->{step.to_agent or '?'}"
-        step.call_id = _str_or_none(_first(attrs, self._call_id))
+        step.call_id = _str_or_none(v.get("call_id"))
 
-    def _requested_calls(self, attrs: dict[str, Any]) -> list[tuple[str, Any]]:
-        raw = _first(attrs, self._output_messages)
+    def _requested_calls(self, attrs: dict[str, Any], v: dict[str, Any]) -> list[tuple[str, Any]]:
+        raw = v.get("output_messages")
         calls: list[tuple[str, Any]] = []
         if raw is not None:
             messages = _as_json(raw)
@@ -423,7 +550,7 @@ class Normalizer:
 
     # ------------------------------------------------------------------ termination
 
-    def _fill_termination(self, step: Step, span: SpanRecord) -> None:
+    def _fill_termination(self, step: Step, span: SpanRecord, v: dict[str, Any]) -> None:
         if step.kind == OTHER and not step.is_root:
             return
         if step.kind == OTHER:
@@ -438,7 +565,7 @@ class Normalizer:
                 )
                 reason = "loop_guard"
         if reason is None:
-            types = [_first(span.attributes, self._error_type)] + [
+            types = [v.get("error_type")] + [
                 e.attributes.get("exception.type") for e in span.events if e.name == "exception"
             ]
             for exc_type in types:
@@ -456,24 +583,36 @@ class Normalizer:
                     reason = mapped
                     break
         if reason is None:
-            finish = _first(span.attributes, self._finish_reason)
+            finish = v.get("finish_reason")
             if isinstance(finish, list) and finish:
                 finish = finish[-1]
             if finish is not None:
                 reason = policy.finish_reasons.get(str(finish).lower())
+        if reason is None and step.is_root:
+            # langgraph.prebuilt.create_react_agent stops itself when remaining_steps runs out:
+            # no exception, root OK, the last AI message is a fixed text. Matched, never copied.
+            last = _last_message_text(span.attributes.get("output.value"))
+            if last is not None and _OUT_OF_STEPS.search(last):
+                reason = "turn_limit"
         if reason is None and step.is_root:
             reason = "tool_error" if span.status_code == STATUS_ERROR else "final_answer"
         step.termination = reason
 
     @staticmethod
     def _content_digest(span: SpanRecord) -> str:
-        h = hashlib.blake2b(digest_size=8)
-        h.update(
-            f"{span.name}|{span.start_ns}|{span.end_ns}|{span.status_code}|{span.parent_span_id}".encode()
+        # Only compared for the same span id: a CRC over everything the span says is enough
+        # (and stable across processes, unlike hash()).
+        text = repr(
+            (
+                span.name,
+                span.start_ns,
+                span.end_ns,
+                span.status_code,
+                span.parent_span_id,
+                span.attributes,
+            )
         )
-        for key in sorted(span.attributes):
-            h.update(f"\x1f{key}={span.attributes[key]!r}".encode("utf-8", "replace"))
-        return h.hexdigest()
+        return f"{zlib.crc32(text.encode('utf-8', 'replace')):08x}"
 
 
 def _plan_calls(raw: Any) -> list[tuple[str, Any]]:
@@ -486,6 +625,22 @@ def _plan_calls(raw: Any) -> list[tuple[str, Any]]:
             else:
                 calls.append((str(item), None))
     return calls
+
+
+_OUT_OF_STEPS = re.compile(r"(?i)need more steps to process this request")
+
+
+def _last_message_text(output: Any) -> str | None:
+    """The content of the last message of an OpenInference LangGraph output.value."""
+    if not isinstance(output, str) or '"messages"' not in output:
+        return None
+    doc = _as_json(output)
+    messages = doc.get("messages") if isinstance(doc, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return None
+    data = messages[-1].get("data", messages[-1])
+    content = data.get("content") if isinstance(data, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def _str_or_none(value: Any) -> str | None:
