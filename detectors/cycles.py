@@ -24,11 +24,17 @@ def oscillation(ctx: Context, step: Step) -> None:
         return
     window = ctx.state.window
     n = len(window)
-    states = [(e[WIN_ACTION], e[WIN_OUTCOME]) for e in window]
+    last = window[-1]
+    states: list[tuple[str, str]] | None = None
     for period in range(2, n // 2 + 1):
         length = 2 * period + 2
         if length > n:
             break
+        back = window[-1 - period]
+        if back[WIN_ACTION] != last[WIN_ACTION] or back[WIN_OUTCOME] != last[WIN_OUTCOME]:
+            continue  # cheap precheck: a period-p cycle repeats the newest state p steps back
+        if states is None:
+            states = [(e[WIN_ACTION], e[WIN_OUTCOME]) for e in window]
         tail = states[n - length :]
         if len(set(tail[-period:])) != period:
             continue

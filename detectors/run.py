@@ -23,7 +23,7 @@ from detectors.budget import budget_exhausted
 from detectors.churn import argument_churn, retry_storm
 from detectors.context import context_collapse, note_context
 from detectors.cycles import delegation_ping_pong, oscillation, replanning
-from detectors.model import AGENT, HANDOFF, OTHER, TOOL, Finding, Step
+from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL, Finding, Step
 from detectors.policy import Policy
 from detectors.repetition import goal_already_satisfied, identical_repetition
 from detectors.side_effects import side_effects
@@ -49,6 +49,23 @@ DETECTORS: tuple[Detector, ...] = (
     side_effects,
     budget_exhausted,
 )
+# Which detectors look at which step kind (the hot path skips the rest).
+_BY_KIND: dict[str, tuple[Detector, ...]] = {
+    TOOL: (
+        identical_repetition,
+        goal_already_satisfied,
+        argument_churn,
+        retry_storm,
+        oscillation,
+        context_collapse,
+        side_effects,
+        budget_exhausted,
+    ),
+    HANDOFF: (delegation_ping_pong, budget_exhausted),
+    LLM: (note_context, replanning, budget_exhausted),
+    PLAN: (replanning, budget_exhausted),
+    SUMMARY: (note_context, budget_exhausted),
+}
 
 OUTCOMES = ("complete", "incomplete_trace", "integrity_error")
 
@@ -354,5 +371,5 @@ def _process(ctx: Context, step: Step) -> None:
             del state.window[: len(state.window) - ctx.limits.window]
     elif step.kind == HANDOFF:
         state.action_steps += 1
-    for detector in DETECTORS:
+    for detector in _BY_KIND.get(step.kind, DETECTORS):
         detector(ctx, step)

@@ -113,32 +113,26 @@ WIN_POS = 9
 WIN_TOKENS = 10  # run's cumulative tokens when this step was released
 
 
+def _bloom_hash(key: str) -> int:
+    # Span ids and fingerprints are hex: use their low 64 bits; anything else gets FNV-1a
+    # (stable across processes, unlike hash()).
+    try:
+        return int(key[-16:], 16)
+    except ValueError:
+        h = 0xCBF29CE484222325
+        for byte in key.encode("utf-8"):
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        return h
+
+
 def bloom_add(bits: int, key: str, size: int) -> int:
-    h = int(key[-16:], 16) if _is_hex(key[-16:]) else hash_str(key)
+    h = _bloom_hash(key)
     return bits | (1 << (h % size)) | (1 << ((h >> 20) % size))
 
 
 def bloom_has(bits: int, key: str, size: int) -> bool:
-    h = int(key[-16:], 16) if _is_hex(key[-16:]) else hash_str(key)
+    h = _bloom_hash(key)
     return bool(bits >> (h % size) & 1) and bool(bits >> ((h >> 20) % size) & 1)
-
-
-def hash_str(key: str) -> int:
-    # Stable across processes (unlike hash()): FNV-1a 64.
-    h = 0xCBF29CE484222325
-    for byte in key.encode("utf-8"):
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
-
-
-def _is_hex(text: str) -> bool:
-    if not text:
-        return False
-    try:
-        int(text, 16)
-    except ValueError:
-        return False
-    return True
 
 
 def bounded_put(mapping: dict[str, Any], key: str, value: Any, cap: int = MAP_CAP) -> None:

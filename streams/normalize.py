@@ -246,7 +246,7 @@ class Normalizer:
             if hits is None or value is None or value == "":
                 continue
             for name, rank in hits:
-                if rank < ranks.get(name, 1 << 30):
+                if name not in view or rank < ranks[name]:
                     view[name] = value
                     ranks[name] = rank
         return view
@@ -283,7 +283,7 @@ class Normalizer:
             span.start_ns,
             span.end_ns,
             self._sequence_of(v),
-            self._content_digest(span),
+            self._content_digest(span, v),
         )
         step.is_root = span.parent_span_id is None
         step.status_error = span.status_code == STATUS_ERROR
@@ -599,9 +599,10 @@ class Normalizer:
         step.termination = reason
 
     @staticmethod
-    def _content_digest(span: SpanRecord) -> str:
-        # Only compared for the same span id: a CRC over everything the span says is enough
-        # (and stable across processes, unlike hash()).
+    def _content_digest(span: SpanRecord, v: dict[str, Any]) -> str:
+        # Only compared for the same span id, to tell a telemetry duplicate from an integrity
+        # conflict: a CRC over the span's identity, timing, status and payload (stable across
+        # processes, unlike hash()).
         text = repr(
             (
                 span.name,
@@ -609,7 +610,11 @@ class Normalizer:
                 span.end_ns,
                 span.status_code,
                 span.parent_span_id,
-                span.attributes,
+                len(span.attributes),
+                v.get("arguments"),
+                v.get("result"),
+                v.get("input_tokens"),
+                v.get("output_tokens"),
             )
         )
         return f"{zlib.crc32(text.encode('utf-8', 'replace')):08x}"

@@ -1,0 +1,97 @@
+"""`make bench`: run the benchmarks, print one table, write bench/results/<date>.json."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from bench import replay_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument(
+        "--spans", type=int, default=300_000, help="corpus size for the throughput runs"
+    )
+    parser.add_argument(
+        "--memory-spans", type=int, default=1_000_000, help="spans streamed for the memory profile"
+    )
+    parser.add_argument("--policy", default=str(ROOT / "examples" / "loopwatch.yaml"))
+    args = parser.parse_args(argv)
+
+    results: dict[str, object] = {
+        "machine": machine(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    replay = replay_bench.run(args.spans, args.policy)
+    results["replay"] = replay
+    checkpoints = (100_000, args.memory_spans)
+    memory = replay_bench.memory_profile(args.memory_spans, args.policy, checkpoints)
+    results["replay_memory"] = memory
+
+    rows = [
+        (
+            "decode ceiling (OTLP protobuf parse + attribute read)",
+            f"{replay['decode_ceiling_spans_per_s']:,.0f} spans/s",
+            "1 core",
+        ),
+        (
+            "loopwatch replay (decode + normalize + detect)",
+            f"{replay['replay_spans_per_s']:,.0f} spans/s",
+            "1 core",
+        ),
+        ("replay / ceiling", f"{replay['replay_to_ceiling']:.0%}", "target >= 40%"),
+        (
+            "replay corpus",
+            f"{replay['spans']:,} spans, {replay['runs']:,} runs",
+            f"{replay['events']:,} events",
+        ),
+        (
+            "state per active run (JSON)",
+            f"{replay['state_bytes_per_active_run']:,.0f} bytes",
+            "target <= 2 KiB",
+        ),
+    ]
+    for at, mib in memory["rss_mib"].items():
+        rows.append(
+            (
+                f"replay RSS after {int(at):,} spans",
+                f"{mib:,.1f} MiB",
+                f"max active runs {memory['max_active_runs']:,}",
+            )
+        )
+    width = max(len(r[0]) for r in rows)
+    print(f"loopwatch benchmarks — {results['machine']} — {results['date']}")
+    print(f"{'measure':<{width}}  {'value':>28}  note")
+    print("-" * (width + 50))
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>28}  {note}")
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"bench-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nwritten {path.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

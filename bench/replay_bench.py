@@ -1,0 +1,96 @@
+"""Decode ceiling vs the replay engine on the same protobuf corpus, and replay memory."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from typing import Any
+
+from bench.corpus import export_messages
+from detectors.fingerprint import Fingerprinter
+from detectors.policy import load_policy
+from streams.engine import Engine
+from streams.otlp import decode_proto
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def decode_ceiling(messages: list[bytes]) -> tuple[int, float]:
+    spans = 0
+    started = time.perf_counter()
+    for message in messages:
+        for span in decode_proto(message):
+            spans += 1
+            for _value in span.attributes.values():
+                pass
+    return spans, time.perf_counter() - started
+
+
+def replay_engine(messages: list[bytes], policy_path: str) -> tuple[int, float, Engine]:
+    policy = load_policy(policy_path)
+    engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
+    started = time.perf_counter()
+    for message in messages:
+        engine.feed(decode_proto(message))
+    engine.close()
+    return engine.stats.spans, time.perf_counter() - started, engine
+
+
+def state_bytes_per_run(messages: list[bytes], policy_path: str) -> float:
+    """Serialized (JSON) RunState size of the runs that are live mid-stream."""
+    policy = load_policy(policy_path)
+    engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
+    for message in messages[: len(messages) // 2]:
+        engine.feed(decode_proto(message))
+    sizes = [
+        len(json.dumps(state.to_dict(), separators=(",", ":"))) for state in engine.runs.values()
+    ]
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+def memory_profile(
+    total_spans: int, policy_path: str, checkpoints: tuple[int, ...]
+) -> dict[str, Any]:
+    """Stream `total_spans` through one engine without keeping the corpus in memory."""
+    policy = load_policy(policy_path)
+    engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
+    out: dict[str, Any] = {"rss_mib": {}, "max_active_runs": 0}
+    pending = list(checkpoints)
+    for message in export_messages(total_spans, seed=11):
+        engine.feed(decode_proto(message))
+        out["max_active_runs"] = max(out["max_active_runs"], len(engine.runs))
+        if pending and engine.stats.spans >= pending[0]:
+            out["rss_mib"][str(pending.pop(0))] = round(rss_mib(), 1)
+    engine.close()
+    out["runs_finished"] = engine.stats.runs_finished
+    out["events"] = engine.stats.events
+    return out
+
+
+def run(spans: int, policy_path: str) -> dict[str, Any]:
+    messages = list(export_messages(spans))
+    # Warm up both paths once (imports, caches), then measure each on the same corpus.
+    decode_ceiling(messages[:20])
+    replay_engine(messages[:20], policy_path)
+    ceiling_spans, ceiling_s = decode_ceiling(messages)
+    replay_spans, replay_s, engine = replay_engine(messages, policy_path)
+    assert ceiling_spans == replay_spans
+    result = {
+        "spans": ceiling_spans,
+        "messages": len(messages),
+        "decode_ceiling_spans_per_s": ceiling_spans / ceiling_s,
+        "replay_spans_per_s": replay_spans / replay_s,
+        "replay_to_ceiling": (replay_spans / replay_s) / (ceiling_spans / ceiling_s),
+        "runs": engine.stats.runs_finished,
+        "looping_runs": engine.stats.looping_runs,
+        "events": engine.stats.events,
+        "state_bytes_per_active_run": state_bytes_per_run(messages, policy_path),
+    }
+    return result
