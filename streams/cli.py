@@ -63,8 +63,8 @@ class Progress:
 def run_replay(
     paths: Sequence[str],
     config: str | None,
-    on_event: Callable[[dict[str, Any]], None],
-    on_summary: Callable[[dict[str, Any]], None] | None,
+    on_event: Callable[[dict[str, Any]], object],
+    on_summary: Callable[[dict[str, Any]], object] | None,
     err: IO[str],
 ) -> Any:
     """Replay export files through the embedded engine; returns the engine's Stats."""
@@ -81,7 +81,7 @@ def run_replay(
         print(f"loopwatch: skipped: {message}", file=err)
 
     engine = Engine(policy, fp, on_event, on_summary, on_invalid=report)
-    files = expand_paths(paths)
+    files = expand_paths(paths, lambda exc: report(str(exc)))
     progress = Progress(sum(f.stat().st_size for f in files), err)
     done = 0
 

@@ -27,7 +27,7 @@ from streams.spans import SpanRecord
 
 FINISHED_MEMORY = 100_000  # finalized run ids remembered to count spans arriving after the end
 
-EventSink = Callable[[dict[str, Any]], None]
+EventSink = Callable[[dict[str, Any]], object]
 
 
 def fingerprinter_from_env(warn: Callable[[str], None] | None = None) -> Fingerprinter:
@@ -140,10 +140,14 @@ class Engine:
     # ------------------------------------------------------------------ finalization
 
     def _schedule(self, run_id: str, state: RunState) -> None:
+        # Deadlines count from when the run was last seen on the watermark, not from its own
+        # timestamps: a file of older spans replayed after newer ones (or a lagging
+        # collector) must not find its runs already finalized.
+        seen_at = max(self.watermark_ns, state.max_end_ns)
         if state.root_end_ns is not None:
-            deadline = state.root_end_ns + self._grace_ns
+            deadline = seen_at + self._grace_ns
         else:
-            deadline = state.max_end_ns + self._idle_ns
+            deadline = seen_at + self._idle_ns
         if self.deadlines.get(run_id) != deadline:
             self.deadlines[run_id] = deadline
             heapq.heappush(self.schedule, (deadline, run_id))

@@ -27,14 +27,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from detectors.errors import BrokerError, DecodeError, LoopwatchError
-from streams.files import SUFFIXES, Payload, file_encoding, iter_payloads
+from streams.files import Payload, expand_paths, iter_payloads
 from streams.otlp import (
     ENCODINGS,
     OTLP_JSON,
@@ -329,42 +328,16 @@ def produce_payloads(
 # ---------------------------------------------------------------------------------------
 
 
-def _export_files(path: Path) -> Iterator[Path]:
-    """The files a command-line path names: itself, or the export files below a directory
-    (recursively, sorted). Path problems are left to iter_payloads to report."""
-    if not path.is_dir():
-        yield path
-        return
-    found: list[tuple[tuple[str, ...], Path]] = []
-    for root, dirs, names in os.walk(path):
-        dirs.sort()
-        for name in names:
-            if file_encoding(name) is not None:
-                full = Path(root, name)
-                found.append((full.relative_to(path).parts, full))
-    if not found:
-        kinds = ", ".join(sorted(SUFFIXES))
-        raise DecodeError(f"{path}: no export files in this directory ({kinds}, optionally .gz)")
-    for _parts, full in sorted(found):
-        yield full
-
-
 def _file_payloads(
     paths: Iterable[str], report: Callable[[DecodeError], None]
 ) -> Iterator[Payload]:
     """Payloads of every file in turn; a file that cannot be read (or whose framing breaks)
     is reported and the next one is read (what came before the break is kept)."""
-    for p in paths:
+    for file in expand_paths(paths, report):
         try:
-            files = list(_export_files(Path(p)))
+            yield from iter_payloads([file])
         except DecodeError as exc:
             report(exc)
-            continue
-        for file in files:
-            try:
-                yield from iter_payloads([file])
-            except DecodeError as exc:
-                report(exc)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
