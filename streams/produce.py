@@ -333,11 +333,12 @@ def _file_payloads(
 ) -> Iterator[Payload]:
     """Payloads of every file in turn; a file that cannot be read (or whose framing breaks)
     is reported and the next one is read (what came before the break is kept)."""
-    for file in expand_paths(paths, report):
-        try:
-            yield from iter_payloads([file])
-        except DecodeError as exc:
-            report(exc)
+    for path in paths:  # path by path, so problems are reported in command-line order
+        for file in expand_paths([path], report):
+            try:
+                yield from iter_payloads([file])
+            except DecodeError as exc:
+                report(exc)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
