@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from detectors.base import Context
 from detectors.model import LLM, SUMMARY, TOOL, Step
-from detectors.state import MAP_CAP, bounded_put
+from detectors.state import bounded_put
 
 
 def note_context(ctx: Context, step: Step) -> None:
@@ -27,9 +27,10 @@ def context_collapse(ctx: Context, step: Step) -> None:
     if seen is None:
         seen = [0, state.position, [], state.reduction_epoch, state.tokens, []]
     seen[0] += 1
-    seen[2] = (seen[2] + [step.span_id])[-8:]
-    seen[5] = (seen[5] + [step.call_id])[-8:]
-    bounded_put(state.docs, step.action_fp, seen, MAP_CAP)
+    keep = ctx.limits.collapse_min_fetches
+    seen[2] = (seen[2] + [step.span_id])[-keep:]
+    seen[5] = (seen[5] + [step.call_id])[-keep:]
+    bounded_put(state.docs, step.action_fp, seen, ctx.limits.window)
     reductions = state.reduction_epoch - seen[3]
     if seen[0] >= ctx.limits.collapse_min_fetches and reductions >= 1:
         ctx.fire(

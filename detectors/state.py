@@ -18,8 +18,9 @@ DEDUP_CAP = 128  # recent span ids remembered for duplicate/conflict checks
 UNRESOLVED_CAP = 64  # parent ids referenced but not yet seen (tree completeness)
 FIRED_CAP = 64  # fired episode markers
 MAP_CAP = 16  # per-detector keyed maps (plans, edges, documents, ledger)
-BLOOM_BITS = 1024  # seen span ids (tree completeness), ~128 bytes
-ITEM_BLOOM_BITS = 1024  # seen pagination item ids
+BLOOM_BITS = 512  # seen span ids (tree completeness), 128 hex chars serialized
+ITEM_BLOOM_BITS = 512  # seen pagination item ids
+_BLOOMS = ("seen_bloom", "distinct_bloom", "item_bloom")
 
 
 @dataclass(slots=True)
@@ -86,6 +87,8 @@ class RunState:
     def to_dict(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in _FIELD_NAMES}
         data["pending"] = [step.to_list() for step in self.pending]
+        for name in _BLOOMS:  # hex is a third shorter than a decimal bignum
+            data[name] = format(data[name], "x")
         return data
 
     @classmethod
@@ -93,6 +96,9 @@ class RunState:
         if data.get("v") != STATE_VERSION:
             raise ValueError(f"run state version {data.get('v')!r} is not {STATE_VERSION}")
         state = cls(**{k: v for k, v in data.items() if k in _FIELD_NAMES})
+        for name in _BLOOMS:
+            value = getattr(state, name)
+            setattr(state, name, int(value, 16) if isinstance(value, str) else value)
         state.pending = [Step.from_list(values) for values in data.get("pending", ())]
         return state
 
