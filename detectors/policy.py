@@ -15,6 +15,7 @@ import yaml
 
 from detectors.errors import ConfigError
 
+MAX_SECONDS = 1e9  # ~31 years: keeps int(seconds * 1e9) a finite int
 NORMALIZE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace", "sort"})
 TERMINATION_REASONS = (
     "final_answer",
@@ -244,8 +245,13 @@ class _Reader:
         return value
 
     def number(self, value: Any, path: str, minimum: float = 0.0) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-            raise self.fail(path, f"a number >= {minimum}", value)
+        # `not minimum <= value <= MAX_SECONDS` also refuses NaN (every comparison is false)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (minimum <= value <= MAX_SECONDS)
+        ):
+            raise self.fail(path, f"a number >= {minimum} (and <= {MAX_SECONDS:g})", value)
         return float(value)
 
     def boolean(self, value: Any, path: str) -> bool:
@@ -260,6 +266,7 @@ class _Reader:
 
 
 def _join(path: str, key: str) -> str:
+    key = key or "''"  # YAML allows an empty key: still say where
     return f"{path}.{key}" if path else key
 
 
@@ -499,7 +506,7 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
         for pattern, reason in pats.items():
             try:
                 compiled.append((re.compile(pattern), reason))
-            except re.error as exc_:
+            except (re.error, OverflowError, RecursionError) as exc_:
                 raise ConfigError(
                     f"{source}: termination.message_patterns: invalid regex {pattern!r}: {exc_}"
                 ) from None
@@ -522,9 +529,13 @@ def load_policy(path: str | Path | None) -> Policy:
         raise ConfigError(f"{p}: policy file is not UTF-8 text") from None
     try:
         raw = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
+        if isinstance(exc, yaml.reader.ReaderError):  # a bad character: no mark, no problem
+            where = f" at character {exc.position + 1}"
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "invalid YAML"
         raise ConfigError(f"{p}: invalid YAML{where}: {problem}") from None
     return policy_from_mapping(raw, str(p))

@@ -25,6 +25,7 @@ from detectors.state import RunState
 from streams.normalize import Normalizer
 from streams.spans import SpanRecord
 
+MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go to "(other)"
 FINISHED_MEMORY = 100_000  # finalized run ids remembered to count spans arriving after the end
 
 EventSink = Callable[[dict[str, Any]], object]
@@ -94,7 +95,14 @@ class Engine:
             self.stats.spans += 1
             try:
                 step = step_of(span)
-            except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            except (
+                ValueError,
+                TypeError,
+                KeyError,
+                AttributeError,
+                OverflowError,
+                RecursionError,
+            ) as exc:
                 self.stats.invalid_spans += 1
                 if self.on_invalid is not None:
                     self.on_invalid(
@@ -172,7 +180,7 @@ class Engine:
         stats = self.stats
         stats.runs_finished += 1
         stats.runs_by_outcome[summary["outcome"]] += 1
-        stats.runs_by_prompt[summary["prompt_version"] or "unknown"] += 1
+        _count(stats.runs_by_prompt, summary["prompt_version"] or "unknown")
         if summary["shapes"]:
             stats.looping_runs += 1
         if self.on_summary is not None:
@@ -184,10 +192,18 @@ class Engine:
             stats = self.stats
             stats.events += 1
             stats.loops_by_shape[event["shape"]] += 1
-            stats.loops_by_prompt[event["prompt_version"] or "unknown"] += 1
+            _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
             if event["tool_name"]:
-                stats.loops_by_tool[f"{event['tool_name']}@{event['tool_version'] or '-'}"] += 1
+                _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
             self.on_event(event)
+
+
+def _count(counter: Counter[str], label: str) -> None:
+    """Count under a free-form label, at most MAX_LABELS distinct ones (labels come from
+    producers' attributes: a bounded table, whatever they send)."""
+    if label not in counter and len(counter) >= MAX_LABELS:
+        label = "(other)"
+    counter[label] += 1
 
 
 def warn_stderr(message: str) -> None:

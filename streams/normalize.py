@@ -43,11 +43,11 @@ def _as_json(value: Any) -> Any:
         if text[:1] in ("{", "[", '"') or text in ("null", "true", "false"):
             try:
                 return json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 return value
         try:
             return json.loads(text) if text[:1].isdigit() or text[:1] == "-" else value
-        except ValueError:
+        except (ValueError, RecursionError):
             return value
     return value
 
@@ -67,6 +67,26 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+MAX_COUNT = (1 << 63) - 1
+MAX_IDENT = 256
+_CODE_LIKE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_CODE_LEN}}}").fullmatch
+
+
+def _as_count(value: Any) -> int:
+    """A token count: an integer in [0, 2**63); anything else (negative, huge, junk) is 0."""
+    n = _as_int(value)
+    return n if n is not None and 0 <= n <= MAX_COUNT else 0
+
+
+def _ident(value: Any) -> str:
+    """A name or id as text, at most MAX_IDENT characters (longer ones keep a checksum)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= MAX_IDENT:
+        return text
+    crc = zlib.crc32(text.encode("utf-8", "replace"))
+    return f"{text[: MAX_IDENT - 9]}~{crc:08x}"
+
+
 def _short_code(value: Any) -> str | None:
     if value is None or isinstance(value, bool):
         return None
@@ -76,7 +96,9 @@ def _short_code(value: Any) -> str | None:
     # Exception types arrive fully qualified: keep the class name only.
     if "." in code and " " not in code:
         code = code.rsplit(".", 1)[-1]
-    return code.lower()[:MAX_CODE_LEN]
+    if not _CODE_LIKE(code):
+        return "error"  # a sentence is customer text, not a code: never copy it
+    return code.lower()
 
 
 _OLL_ENVELOPE_KEYS = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
@@ -234,7 +256,7 @@ class Normalizer:
             if value is None:
                 value = res[5]
             if value is not None:
-                return str(value)
+                return _ident(value)
         return span.trace_id
 
     def _view(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -289,15 +311,15 @@ class Normalizer:
         step.status_error = span.status_code == STATUS_ERROR
         step.service_name = res[1]
         prompt_version = v.get("prompt_version")
-        step.prompt_version = str(prompt_version) if prompt_version is not None else res[2]
+        step.prompt_version = _ident(prompt_version) if prompt_version is not None else res[2]
         step.agent_name = _str_or_none(v.get("agent_name"))
         step.session_id = _str_or_none(v.get("conversation"))
         task_type = v.get("task_type")
-        step.task_type = str(task_type) if task_type is not None else res[4]
+        step.task_type = _ident(task_type) if task_type is not None else res[4]
         if "input_tokens" in v:
-            step.input_tokens = _as_int(v["input_tokens"]) or 0
+            step.input_tokens = _as_count(v["input_tokens"])
         if "output_tokens" in v:
-            step.output_tokens = _as_int(v["output_tokens"]) or 0
+            step.output_tokens = _as_count(v["output_tokens"])
 
         if kind == TOOL:
             self._fill_tool(step, span, v, res)
@@ -342,13 +364,13 @@ class Normalizer:
     def _tool_name_of(self, span: SpanRecord, v: dict[str, Any]) -> str:
         name = v.get("tool_name")
         if name is not None:
-            return str(name)
+            return _ident(name)
         span_name = span.name
         if span_name.startswith("execute_tool "):
-            return span_name[len("execute_tool ") :]
+            return _ident(span_name[len("execute_tool ") :])
         if span_name.endswith(".tool"):
-            return span_name[: -len(".tool")]
-        return span_name
+            return _ident(span_name[: -len(".tool")])
+        return _ident(span_name)
 
     def _sequence_of(self, v: dict[str, Any]) -> int | None:
         if "sequence" in v:
@@ -376,7 +398,7 @@ class Normalizer:
         step.name = tool
         step.call_id = _str_or_none(v.get("call_id"))
         tool_version = v.get("tool_version")
-        step.tool_version = str(tool_version) if tool_version is not None else res[3]
+        step.tool_version = _ident(tool_version) if tool_version is not None else res[3]
         raw_args = v.get("arguments")
         wrapped = _as_json(raw_args) if raw_args is not None else {}
         args = _unwrap_arguments(wrapped)
@@ -555,7 +577,7 @@ class Normalizer:
             return
         if step.kind == OTHER:
             step.kind = AGENT  # the root of a run: carries termination, not an action
-        step.name = step.agent_name or span.name
+        step.name = step.agent_name or _ident(span.name)
         policy = self.policy
         reason: str | None = None
         for event in span.events:
@@ -651,4 +673,4 @@ def _last_message_text(output: Any) -> str | None:
 def _str_or_none(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    return str(value)
+    return _ident(value)

@@ -281,6 +281,17 @@ def _show(x: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_ENUM_LIKE = re.compile(r"[A-Z][A-Z0-9_]{0,39}").fullmatch
+
+
+def _show_payload(x: Any) -> str:
+    """Like _show, for a value read from the payload: only enum-like names are quoted,
+    never free text (it may be customer text from a broken or hostile producer)."""
+    if isinstance(x, str) and not _ENUM_LIKE(x):
+        return f"a string of {len(x)} characters"
+    return _show(x)
+
+
 def _json_type(x: Any) -> str:
     if x is None:
         return "null"
@@ -306,7 +317,7 @@ def _json_int(x: Any, name: str, lo: int, hi: int, show: bool = True) -> int:
     ):
         n = int(x)
     else:
-        what = f": {_show(x)}" if show else f" ({_json_type(x)})"
+        what = f": {_show_payload(x)}" if show else f" ({_json_type(x)})"
         raise _Bad(f"{name} is not an integer{what}")
     if n < lo:
         raise _Bad(f"{name} is negative" if lo == 0 else f"{name} is out of range")
@@ -333,7 +344,7 @@ def _json_enum(x: Any, names: dict[str, int], name: str) -> int:
         n = names.get(x)
         if n is not None:
             return n
-        raise _Bad(f"{name} is not a known enum value: {_show(x)}")
+        raise _Bad(f"{name} is not a known enum value: {_show_payload(x)}")
     raise _Bad(f"{name} is not an enum integer or name ({_json_type(x)})")
 
 

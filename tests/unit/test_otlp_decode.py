@@ -603,7 +603,10 @@ def _attr(value: object) -> str:
         (_doc({"spanId": ""}), "span 0 missing spanId"),
         (_doc({"spanId": "0" * 16}), "span 0: spanId is all zeros (invalid)"),
         (_doc({"parentSpanId": "abc"}), "span 0 has parentSpanId of 3 hex characters"),
-        (_doc({"startTimeUnixNano": "abc"}), 'span 0: startTimeUnixNano is not an integer: "abc"'),
+        (
+            _doc({"startTimeUnixNano": "abc"}),
+            "span 0: startTimeUnixNano is not an integer: a string of 3 characters",
+        ),
         (_doc({"endTimeUnixNano": "-5"}), "span 0: endTimeUnixNano is negative"),
         (_doc({"endTimeUnixNano": -5}), "span 0: endTimeUnixNano is negative"),
         (_doc({"startTimeUnixNano": str(2**64)}), "startTimeUnixNano is out of range"),
