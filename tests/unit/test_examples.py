@@ -139,7 +139,9 @@ def test_replaying_the_whole_directory_out_of_time_order_finds_every_expected_ev
     events = [json.loads(line) for line in out.out.splitlines()]
     got = sorted((e["run_id"], e["shape"], e["trigger_span_id"]) for e in events)
     want = sorted(
-        (f["run_trace_id"], f["shape"], f["trigger_span_id"]) for e in EXPECTED.values() for f in e["findings"]
+        (f["run_trace_id"], f["shape"], f["trigger_span_id"])
+        for e in EXPECTED.values()
+        for f in e["findings"]
     )
     assert got == want
     assert "after-finalize 0" in out.err and "incomplete_trace" not in out.err
