@@ -1,0 +1,322 @@
+"""Worker settings (`loopwatch worker`), read from the environment with defaults.
+
+The detection policy comes from the YAML file (`--config` / ``LOOPWATCH_CONFIG``); these
+settings only say where the stream service reads, writes, stores and listens.
+
+========================================  ==========================  =========================
+variable                                  default                     meaning
+========================================  ==========================  =========================
+``LOOPWATCH_BOOTSTRAP``                   ``127.0.0.1:19092``         Kafka bootstrap servers
+``LOOPWATCH_INPUT_TOPIC``                 ``otlp_spans``              the collector's topic
+``LOOPWATCH_INPUT_ENCODING``              ``otlp_proto``              ``otlp_proto`` | ``otlp_json``
+``LOOPWATCH_INPUT_KEYED_BY_RUN``          ``false``                   ``true``: the collector keys
+                                                                      records by trace id
+                                                                      (``partition_traces_by_id``)
+                                                                      and ``run_key`` is ``trace``:
+                                                                      detect directly on the input
+                                                                      topic, no repartition hop
+``LOOPWATCH_PARTITIONS``                  ``4``                       partitions of the topics the
+                                                                      worker creates (internal steps
+                                                                      topic, outputs, changelogs)
+``LOOPWATCH_REPLICATION_FACTOR``          ``1``                       replication of created topics
+``LOOPWATCH_STORE``                       ``rocksdb://``              table store; ``memory://`` for
+                                                                      tests (state is then rebuilt
+                                                                      from the changelogs at start)
+``LOOPWATCH_DATA_DIR``                    ``.cache/loopwatch``        table data (rocksdb) directory
+``LOOPWATCH_WEB_HOST``                    ``127.0.0.1``               on-call API bind address
+``LOOPWATCH_WEB_PORT``                    ``6066``                    on-call API port
+``LOOPWATCH_WEB_URL``                     ``http://<host>:<port>``    how the other workers reach
+                                                                      this one (``/runs/{id}`` is
+                                                                      routed to the key's owner);
+                                                                      default from the bind address
+                                                                      (the host name for 0.0.0.0)
+``LOOPWATCH_METRICS_HOST``                ``0.0.0.0``                 Prometheus ``/metrics`` bind
+``LOOPWATCH_METRICS_PORT``                ``9464``                    Prometheus port (0: disabled)
+``LOOPWATCH_MAX_ACTIVE_RUNS``             ``200000``                  live runs per worker; above it
+                                                                      the oldest idle runs are
+                                                                      finalized (evicted)
+``LOOPWATCH_FINISHED_TTL_SECONDS``        ``3600``                    how long a finished run id is
+                                                                      remembered (late spans of it
+                                                                      are counted, not a new run)
+``LOOPWATCH_APP_ID``                      ``loopwatch``               consumer group / faust app id
+                                                                      (prefix of changelog topics)
+``LOOPWATCH_EVENTS_TOPIC``                ``loop_detected``           loop_detected events
+``LOOPWATCH_RUNS_TOPIC``                  ``loop_runs``               run summaries
+``LOOPWATCH_DEAD_LETTER_TOPIC``           ``loopwatch-dead-letters``  undecodable input records
+``LOOPWATCH_STEPS_TOPIC``                 ``loopwatch-steps``         internal: steps by run id
+                                                                      (and the worker's timer ticks)
+``LOOPWATCH_STEPS_GROUPING``              ``partition``               ``partition``: one internal
+                                                                      message per destination
+                                                                      partition per input record
+                                                                      (runs inside, partitioned as
+                                                                      their run id would be);
+                                                                      ``run``: one message per run
+                                                                      per record, keyed by run id
+``LOOPWATCH_DLQ_CAPTURE_PAYLOAD``         ``false``                   ``true``: dead letters carry
+                                                                      the raw payload (may contain
+                                                                      customer data); default: only
+                                                                      its SHA-256 digest and length
+``LOOPWATCH_API_TOKEN``                   (unset)                     when set, every API view but
+                                                                      ``/healthz`` requires
+                                                                      ``Authorization: Bearer <token>``
+``LOOPWATCH_BATCH_MAX``                   ``1000``                    max messages the detect agent
+                                                                      takes per batch (a run's state
+                                                                      is written once per batch)
+``LOOPWATCH_BATCH_WITHIN_MS``             ``50``                      ... or what arrived within
+``LOOPWATCH_STATE_CACHE``                 ``10000``                   decoded run states kept in
+                                                                      memory (write-through)
+``LOOPWATCH_LINGER_MS``                   ``10``                      producer linger (batching)
+``LOOPWATCH_TICK_SECONDS``                ``1.0``                     timer period (releases,
+                                                                      finalization, cleanup)
+``LOOPWATCH_OUTPUT_RETENTION_HOURS``      ``168``                     retention of created output,
+                                                                      dead-letter topics
+``LOOPWATCH_SESSION_TIMEOUT_SECONDS``     ``60``                      consumer group session: how
+                                                                      long a crashed worker keeps
+                                                                      its partitions
+``LOOPWATCH_LOG_LEVEL``                   ``warning``                 worker log level
+========================================  ==========================  =========================
+
+Every value is validated; a bad one is a `ConfigError` naming the variable and what was
+expected (the CLI prints it as one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from detectors.errors import ConfigError
+
+ENCODINGS = ("otlp_proto", "otlp_json")
+STORES = ("rocksdb://", "memory://")
+GROUPINGS = ("partition", "run")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    bootstrap: str = "127.0.0.1:19092"
+    input_topic: str = "otlp_spans"
+    input_encoding: str = "otlp_proto"
+    input_keyed_by_run: bool = False
+    partitions: int = 4
+    replication_factor: int = 1
+    store: str = "rocksdb://"
+    data_dir: str = ".cache/loopwatch"
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    web_url: str = ""
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9464
+    max_active_runs: int = 200_000
+    finished_ttl_seconds: float = 3600.0
+    app_id: str = "loopwatch"
+    events_topic: str = "loop_detected"
+    runs_topic: str = "loop_runs"
+    dead_letter_topic: str = "loopwatch-dead-letters"
+    steps_topic: str = "loopwatch-steps"
+    steps_grouping: str = "partition"
+    dlq_capture_payload: bool = False
+    api_token: str | None = None
+    batch_max: int = 1000
+    batch_within_ms: int = 50
+    state_cache_size: int = 10_000
+    linger_ms: int = 10
+    tick_seconds: float = 1.0
+    output_retention_hours: float = 168.0
+    session_timeout_seconds: float = 60.0
+    log_level: str = "warning"
+
+    @property
+    def broker_url(self) -> str:
+        return ",".join(f"kafka://{host.strip()}" for host in self.bootstrap.split(","))
+
+    @property
+    def canonical_url(self) -> str:
+        if self.web_url:
+            return self.web_url.rstrip("/")
+        host = self.web_host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        return f"http://{host}:{self.web_port}"
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser().resolve()
+
+    def changelog_topic(self, table: str) -> str:
+        """The name faust gives the changelog of `table` (``<app id>-<table>-changelog``)."""
+        return f"{self.app_id}-{table}-changelog"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        env = os.environ if environ is None else environ
+        reader = _Reader(env)
+        d = cls()
+        values = {
+            "bootstrap": reader.text("LOOPWATCH_BOOTSTRAP", d.bootstrap),
+            "input_topic": reader.topic("LOOPWATCH_INPUT_TOPIC", d.input_topic),
+            "input_encoding": reader.choice(
+                "LOOPWATCH_INPUT_ENCODING", d.input_encoding, ENCODINGS
+            ),
+            "input_keyed_by_run": reader.flag("LOOPWATCH_INPUT_KEYED_BY_RUN", d.input_keyed_by_run),
+            "partitions": reader.integer("LOOPWATCH_PARTITIONS", d.partitions, 1, 10_000),
+            "replication_factor": reader.integer(
+                "LOOPWATCH_REPLICATION_FACTOR", d.replication_factor, 1, 100
+            ),
+            "store": reader.choice("LOOPWATCH_STORE", d.store, STORES),
+            "data_dir": reader.text("LOOPWATCH_DATA_DIR", d.data_dir),
+            "web_host": reader.text("LOOPWATCH_WEB_HOST", d.web_host),
+            "web_port": reader.integer("LOOPWATCH_WEB_PORT", d.web_port, 1, 65535),
+            "web_url": reader.text("LOOPWATCH_WEB_URL", ""),
+            "metrics_host": reader.text("LOOPWATCH_METRICS_HOST", d.metrics_host),
+            "metrics_port": reader.integer("LOOPWATCH_METRICS_PORT", d.metrics_port, 0, 65535),
+            "max_active_runs": reader.integer(
+                "LOOPWATCH_MAX_ACTIVE_RUNS", d.max_active_runs, 1, 100_000_000
+            ),
+            "finished_ttl_seconds": reader.number(
+                "LOOPWATCH_FINISHED_TTL_SECONDS", d.finished_ttl_seconds, 1.0
+            ),
+            "app_id": reader.topic("LOOPWATCH_APP_ID", d.app_id),
+            "events_topic": reader.topic("LOOPWATCH_EVENTS_TOPIC", d.events_topic),
+            "runs_topic": reader.topic("LOOPWATCH_RUNS_TOPIC", d.runs_topic),
+            "dead_letter_topic": reader.topic("LOOPWATCH_DEAD_LETTER_TOPIC", d.dead_letter_topic),
+            "steps_topic": reader.topic("LOOPWATCH_STEPS_TOPIC", d.steps_topic),
+            "steps_grouping": reader.choice(
+                "LOOPWATCH_STEPS_GROUPING", d.steps_grouping, GROUPINGS
+            ),
+            "dlq_capture_payload": reader.flag(
+                "LOOPWATCH_DLQ_CAPTURE_PAYLOAD", d.dlq_capture_payload
+            ),
+            "api_token": env.get("LOOPWATCH_API_TOKEN") or None,
+            "batch_max": reader.integer("LOOPWATCH_BATCH_MAX", d.batch_max, 1, 100_000),
+            "batch_within_ms": reader.integer(
+                "LOOPWATCH_BATCH_WITHIN_MS", d.batch_within_ms, 1, 60_000
+            ),
+            "state_cache_size": reader.integer(
+                "LOOPWATCH_STATE_CACHE", d.state_cache_size, 0, 10_000_000
+            ),
+            "linger_ms": reader.integer("LOOPWATCH_LINGER_MS", d.linger_ms, 0, 1000),
+            "tick_seconds": reader.number("LOOPWATCH_TICK_SECONDS", d.tick_seconds, 0.05),
+            "output_retention_hours": reader.number(
+                "LOOPWATCH_OUTPUT_RETENTION_HOURS", d.output_retention_hours, 1.0
+            ),
+            "session_timeout_seconds": reader.number(
+                "LOOPWATCH_SESSION_TIMEOUT_SECONDS", d.session_timeout_seconds, 6.0
+            ),
+            "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
+        }
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not self.bootstrap.strip() or any(
+            not _host_port(h.strip()) for h in self.bootstrap.split(",")
+        ):
+            raise ConfigError(
+                f"LOOPWATCH_BOOTSTRAP={self.bootstrap!r}: expected host:port[,host:port...]"
+            )
+        names = {
+            "LOOPWATCH_INPUT_TOPIC": self.input_topic,
+            "LOOPWATCH_EVENTS_TOPIC": self.events_topic,
+            "LOOPWATCH_RUNS_TOPIC": self.runs_topic,
+            "LOOPWATCH_DEAD_LETTER_TOPIC": self.dead_letter_topic,
+            "LOOPWATCH_STEPS_TOPIC": self.steps_topic,
+        }
+        seen: dict[str, str] = {}
+        for var, name in names.items():
+            if name in seen:
+                raise ConfigError(
+                    f"{var}={name!r}: the same topic as {seen[name]}; use distinct topics"
+                )
+            seen[name] = var
+        if self.web_url and not re.match(r"^https?://[^/\s]+$", self.web_url.rstrip("/")):
+            raise ConfigError(f"LOOPWATCH_WEB_URL={self.web_url!r}: expected http://HOST:PORT")
+        if self.metrics_port and self.metrics_port == self.web_port:
+            raise ConfigError(
+                f"LOOPWATCH_METRICS_PORT={self.metrics_port}: the same port as LOOPWATCH_WEB_PORT"
+            )
+
+    def describe(self) -> dict[str, object]:
+        """All settings for a startup log line (the API token is masked)."""
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out.get("api_token"):
+            out["api_token"] = "***"
+        return out
+
+
+def _host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
+class _Reader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def _raw(self, name: str) -> str | None:
+        value = self.env.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def text(self, name: str, default: str) -> str:
+        return self._raw(name) or default
+
+    def topic(self, name: str, default: str) -> str:
+        value = self.text(name, default)
+        if not _TOPIC_RE.match(value) or value in (".", ".."):
+            raise ConfigError(
+                f"{name}={value!r}: expected a Kafka topic name (letters, digits, '.', '_', '-')"
+            )
+        return value
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.text(name, default)
+        if name == "LOOPWATCH_STORE" and value in ("rocksdb", "memory"):
+            value += "://"
+        if value.lower() in choices:
+            return value.lower()
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self._raw(name)
+        if value is None:
+            return default
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{name}={value!r}: expected true or false")
+
+    def integer(self, name: str, default: int, lo: int, hi: int) -> int:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{name}={value!r}: expected an integer") from None
+        if not lo <= number <= hi:
+            raise ConfigError(f"{name}={value!r}: expected an integer from {lo} to {hi}")
+        return number
+
+    def number(self, name: str, default: float, lo: float) -> float:
+        value = self._raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"{name}={value!r}: expected a number") from None
+        if not number >= lo or number != number or number == float("inf"):
+            raise ConfigError(f"{name}={value!r}: expected a number >= {lo:g}")
+        return number

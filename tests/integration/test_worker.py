@@ -1,0 +1,545 @@
+"""`loopwatch worker` against the real broker, started as a subprocess.
+
+Three workers, each with its own topics and app id:
+
+* **proto**: protobuf input with null keys (records spread over partitions: the repartition
+  hop), every example export plus duplicated records, in shuffled order, with poison
+  records interleaved. Proves stream == replay (event ids, run outcomes), dead letters and
+  that the worker stays up.
+* **keyed-json**: OTLP JSON input split and keyed by trace id as the kafkaexporter does with
+  ``partition_traces_by_id``, ``LOOPWATCH_INPUT_KEYED_BY_RUN=true`` (no hop), JSON poison
+  records, an API token. Proves stream == replay without the hop, and the on-call API.
+* **restart**: rocksdb tables; the input arrives in three parts while the worker is stopped
+  with SIGTERM and later killed with SIGKILL; tables come back from the changelogs and the
+  distinct event ids end up exactly the replay's (nothing lost, nothing invented).
+
+The expectation is `loopwatch replay` of each example file with the example policy (the
+engine over the same exports). The workers' policy adds only stream timing: finalization a
+few seconds after the last span instead of minutes, and (proto, restart) a lateness buffer
+long enough that any arrival order gives the same result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from detectors.policy import load_policy
+from streams.otlp import decode_record
+from streams.produce import split_by_trace
+from tests.integration.worker_support import (
+    EXAMPLE_POLICY,
+    FINGERPRINT_KEY,
+    WorkerProc,
+    headers_of,
+    values,
+    write_policy,
+)
+from tests.kafka_support import require_broker
+from tests.otlp_build import (
+    encode_request,
+    example_files,
+    file_messages,
+    replay_messages,
+    to_json,
+)
+from tests.spankit import Run
+
+pytestmark = pytest.mark.kafka
+
+TIMEOUT = 60.0
+
+
+# ---------------------------------------------------------------------------- expectations
+
+
+class Corpus:
+    """The example exports per file and what the replay makes of them."""
+
+    def __init__(self) -> None:
+        policy = load_policy(EXAMPLE_POLICY)
+        self.files: dict[str, list[bytes]] = {
+            f.name: list(file_messages(f)) for f in example_files()
+        }
+        self.event_ids: set[str] = set()
+        self.events: list[dict[str, Any]] = []
+        self.runs: set[tuple[str, str]] = set()
+        for messages in self.files.values():
+            events, summaries = replay_messages(messages, policy, FINGERPRINT_KEY.encode())
+            self.events.extend(events)
+            self.event_ids |= {e["event_id"] for e in events}
+            self.runs |= {(s["run_id"], s["outcome"]) for s in summaries}
+        assert len(self.event_ids) == len(self.events) >= 15
+        assert len(self.runs) >= 24
+
+    def messages(self) -> list[bytes]:
+        return [m for msgs in self.files.values() for m in msgs]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    require_broker()
+    return Corpus()
+
+
+def event_ids(worker: WorkerProc, want: set[str], timeout: float = TIMEOUT) -> set[str]:
+    """Distinct event ids on loop_detected once `want` is there (plus a short settle, so an
+    extra id would show up too)."""
+    records = worker.read(
+        "events",
+        until=lambda rs: {json.loads(r.value())["event_id"] for r in rs} >= want,
+        timeout=timeout,
+        settle=1.5,
+    )
+    return {e["event_id"] for e in values(records)}
+
+
+def run_outcomes(worker: WorkerProc, want: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    records = worker.read(
+        "runs",
+        until=lambda rs: {json.loads(r.value())["run_id"] for r in rs} >= {r for r, _ in want},
+        timeout=TIMEOUT,
+        settle=1.0,
+    )
+    return {(s["run_id"], s["outcome"]) for s in values(records)}
+
+
+def metric(worker: WorkerProc, name: str) -> float:
+    port = worker.env["LOOPWATCH_METRICS_PORT"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# ---------------------------------------------------------------------------- poison
+
+
+def poison_proto(corpus: Corpus) -> list[tuple[str, bytes | None]]:
+    good = corpus.messages()[0]
+    rng = random.Random(3)
+    run = Run(trace=77)
+    run.tool("lookup_order", {"order_id": "X"}, {"status": "ok"})
+    six_byte_trace = encode_request(run.spans, trace_id_bytes=6)
+    return [
+        ("truncated", good[: len(good) // 2]),
+        ("random", bytes(rng.getrandbits(8) for _ in range(300))),
+        ("six_byte_trace_id", six_byte_trace),
+        ("null_value", None),
+    ]
+
+
+def poison_json() -> list[tuple[str, bytes | None]]:
+    run = Run(trace=78)
+    run.tool("lookup_order", {"order_id": "X"}, {"status": "ok"})
+    doc = json.loads(to_json(encode_request(run.spans)))
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "0102030405ab"  # 6 bytes
+    return [
+        ("invalid_json", b'{"resourceSpans": [{"scopeSpans": [ {"spans": [}'),
+        ("random", bytes(random.Random(4).getrandbits(8) for _ in range(200))),
+        ("six_byte_trace_id", json.dumps(doc).encode()),
+    ]
+
+
+def check_dead_letters(
+    worker: WorkerProc, poison: list[tuple[str, bytes | None]], where: list[tuple[int, int]]
+) -> None:
+    records = worker.read("dead", until=lambda rs: len(rs) >= len(poison), timeout=TIMEOUT)
+    by_offset = {
+        (int(headers_of(r)["source_partition"]), int(headers_of(r)["source_offset"])): r
+        for r in records
+    }
+    assert len(records) == len(poison), [headers_of(r) for r in records]
+    for (label, payload), pos in zip(poison, where, strict=True):
+        assert pos in by_offset, f"{label} record at {pos} not dead-lettered"
+        record = by_offset[pos]
+        h = headers_of(record)
+        assert h["reason"] == "decode_error", (label, h)
+        assert h["source_topic"] == worker.topics["input"]
+        assert h["error"], label
+        body = json.loads(record.value())
+        data = payload or b""
+        assert body["payload_sha256"] == hashlib.sha256(data).hexdigest(), label
+        assert body["payload_length"] == len(data)
+        if data:  # privacy: the payload itself is not in the dead letter
+            assert data[:16] not in record.value() or len(data) < 16
+
+
+# ---------------------------------------------------------------------------- proto worker
+
+
+@pytest.fixture(scope="module")
+def proto_worker(
+    corpus: Corpus, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("proto-worker")
+    policy = write_policy(
+        workdir / "policy.yaml",
+        allowed_lateness_seconds=60,
+        finalize_grace_seconds=2,
+        idle_timeout_seconds=5,
+    )
+    worker = WorkerProc(workdir, policy)
+    try:
+        worker.start()
+        worker.wait_ready()
+        rng = random.Random(11)
+        messages = corpus.messages()
+        records: list[tuple[str, bytes | None]] = [("good", m) for m in messages]
+        records += [("dup", m) for m in rng.sample(messages, len(messages) // 3)]
+        rng.shuffle(records)
+        poison = poison_proto(corpus)
+        for i, item in enumerate(poison):  # interleaved with the good ones
+            records.insert((i + 1) * len(records) // (len(poison) + 1), item)
+        where = worker.produce((None, value) for _label, value in records)
+        poison_where = [where[i] for i, r in enumerate(records) if r[0] not in ("good", "dup")]
+        yield {"worker": worker, "poison": poison, "poison_where": poison_where}
+    finally:
+        worker.cleanup()
+
+
+def test_unkeyed_stream_events_equal_replay(proto_worker: dict[str, Any], corpus: Corpus) -> None:
+    got = event_ids(proto_worker["worker"], corpus.event_ids)
+    assert got == corpus.event_ids
+
+
+def test_unkeyed_stream_run_summaries_equal_replay(
+    proto_worker: dict[str, Any], corpus: Corpus
+) -> None:
+    assert run_outcomes(proto_worker["worker"], corpus.runs) == corpus.runs
+
+
+def test_poison_records_are_dead_lettered_and_worker_stays_up(
+    proto_worker: dict[str, Any], corpus: Corpus
+) -> None:
+    worker: WorkerProc = proto_worker["worker"]
+    check_dead_letters(worker, proto_worker["poison"], proto_worker["poison_where"])
+    status, health = worker.api("/healthz")
+    assert status == 200 and health["status"] == "ok" and health["ready"]
+    assert worker.alive()
+    assert metric(worker, 'loopwatch_dead_letters_total{reason="decode_error"}') == 4
+    assert metric(worker, "loopwatch_duplicate_spans_total") > 0
+    assert metric(worker, "loopwatch_loop_events_total") >= len(corpus.event_ids)
+
+
+# ---------------------------------------------------------------------------- keyed JSON worker
+
+TOKEN = "s3cret-token"
+
+
+def keyed_json_records(messages: list[bytes]) -> list[tuple[bytes | None, bytes]]:
+    """The kafkaexporter with partition_traces_by_id and encoding otlp_json: one record per
+    (resource, scope, trace), keyed by the lowercase hex trace id."""
+    out: list[tuple[bytes | None, bytes]] = []
+    for message in messages:
+        req = ExportTraceServiceRequest.FromString(message)
+        for key, piece in split_by_trace(req):
+            out.append((key, to_json(piece.SerializeToString())))
+    return out
+
+
+@pytest.fixture(scope="module")
+def keyed_worker(
+    corpus: Corpus, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("keyed-worker")
+    policy = write_policy(
+        workdir / "policy.yaml",
+        allowed_lateness_seconds=1,  # the release timer runs (ordered per trace)
+        finalize_grace_seconds=3,
+        idle_timeout_seconds=600,  # the open run below stays open
+    )
+    worker = WorkerProc(
+        workdir,
+        policy,
+        LOOPWATCH_INPUT_ENCODING="otlp_json",
+        LOOPWATCH_INPUT_KEYED_BY_RUN="true",
+        LOOPWATCH_API_TOKEN=TOKEN,
+        LOOPWATCH_STORE="rocksdb://",
+    )
+    try:
+        worker.start()
+        health = worker.wait_ready()
+        assert health["keyed_input"] is True
+        records = keyed_json_records(corpus.messages())
+        records += records[::4]  # redelivered
+        poison = poison_json()
+        for i, (_label, value) in enumerate(poison):
+            records.insert((i + 1) * len(records) // (len(poison) + 1), (b"", value or b""))
+        # an open run: no root span, idle timeout 10 minutes
+        open_run = Run(trace=4242, prompt_version="support-v99")
+        for _ in range(3):
+            open_run.tool("lookup_order", {"order_id": "A7"}, {"status": "pending"})
+        records.append((open_run.trace_id.encode(), to_json(encode_request(open_run.spans))))
+        where = worker.produce(records)
+        poison_values = {value for _label, value in poison}
+        poison_where = [where[i] for i, (_k, v) in enumerate(records) if v in poison_values]
+        open_events, _ = replay_messages(
+            [encode_request(open_run.spans)], load_policy(EXAMPLE_POLICY), FINGERPRINT_KEY.encode()
+        )
+        assert [e["shape"] for e in open_events] == ["identical_repetition"]
+        yield {
+            "worker": worker,
+            "poison": poison,
+            "poison_where": poison_where,
+            "open_run": open_run,
+            "open_event_ids": {e["event_id"] for e in open_events},
+        }
+    finally:
+        worker.cleanup()
+
+
+def test_keyed_json_stream_equals_replay(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
+    worker: WorkerProc = keyed_worker["worker"]
+    want = corpus.event_ids | keyed_worker["open_event_ids"]  # + the run left open
+    assert event_ids(worker, want) == want
+    assert run_outcomes(worker, corpus.runs) == corpus.runs
+
+
+def test_keyed_json_poison_dead_lettered(keyed_worker: dict[str, Any]) -> None:
+    worker: WorkerProc = keyed_worker["worker"]
+    check_dead_letters(worker, keyed_worker["poison"], keyed_worker["poison_where"])
+    assert worker.api("/healthz")[1]["ready"]
+
+
+def test_api_run_views(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
+    worker: WorkerProc = keyed_worker["worker"]
+    open_run: Run = keyed_worker["open_run"]
+    run_id = open_run.trace_id
+    deadline = time.monotonic() + TIMEOUT
+    while True:  # the open run's steps are released by the timer (lateness 1 s)
+        status, doc = worker.api(f"/runs/{run_id}", token=TOKEN)
+        assert status == 200, doc
+        if doc["found"] and doc["steps"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert doc["run_id"] == run_id and doc["found"] is True and doc["finished"] is False
+    state = doc["state"]
+    assert state["spans"] == 3 and state["tool_calls"] == 3 and state["pending"] == 0
+    assert state["prompt_version"] == "support-v99"
+    assert state["shapes"] == ["identical_repetition"]
+    assert [s["position"] for s in doc["steps"]] == [1, 2, 3]
+    assert {s["tool_name"] for s in doc["steps"]} == {"lookup_order"}
+    assert len({s["action_fp"] for s in doc["steps"]}) == 1
+    assert [f["shape"] for f in doc["findings"]] == ["identical_repetition"]
+    assert {f["event_id"] for f in doc["findings"]} == keyed_worker["open_event_ids"]
+    assert "A7" not in json.dumps(doc) and "pending" not in json.dumps(doc["steps"])
+
+    # a finished run: gone from the state table, remembered as finished
+    event_ids(worker, corpus.event_ids)
+    finished_run = sorted(corpus.runs)[0][0]
+    status, doc = worker.api(f"/runs/{finished_run}", token=TOKEN)
+    assert status == 200 and doc["found"] is False and doc["finished"] is True
+    status, doc = worker.api("/runs/0123456789abcdef0123456789abcdef", token=TOKEN)
+    assert status == 200 and doc["found"] is False and doc["finished"] is False
+
+
+def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
+    worker: WorkerProc = keyed_worker["worker"]
+    event_ids(worker, corpus.event_ids)
+    run_outcomes(worker, corpus.runs)
+    time.sleep(1.0)
+    status, doc = worker.api("/loops?by=shape&since=1h", token=TOKEN)
+    assert status == 200, doc
+    assert doc["by"] == ["shape"] and doc["since"] == "1h"
+    want = Counter(e["shape"] for e in corpus.events)
+    want["identical_repetition"] += 1  # the open run's finding
+    assert {r["shape"]: r["events"] for r in doc["rows"]} == dict(want)
+
+    status, doc = worker.api("/loops", token=TOKEN)
+    assert status == 200 and doc["by"] == ["shape", "prompt_version", "tool_version"]
+    assert sum(r["events"] for r in doc["rows"]) == len(corpus.events) + 1
+    assert all(set(r) == {"shape", "prompt_version", "tool_version", "events"} for r in doc["rows"])
+
+    status, doc = worker.api("/loops?by=prompt_version,shape&since=30m", token=TOKEN)
+    assert status == 200 and doc["since"] == "30m"
+    assert all(set(r) == {"prompt_version", "shape", "events"} for r in doc["rows"])
+
+    status, doc = worker.api("/runs?since=2h", token=TOKEN)
+    assert status == 200 and doc["since"] == "2h"
+    assert sum(r["runs"] for r in doc["rows"]) == len(corpus.runs)
+    outcomes = Counter(o for _r, o in corpus.runs)
+    got = Counter()
+    for row in doc["rows"]:
+        assert set(row) == {"prompt_version", "outcome", "termination_reason", "runs"}
+        got[row["outcome"]] += row["runs"]
+    assert got == outcomes
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/loops?by=shape,colour",
+        "/loops?by=",
+        "/loops?by=shape,shape",
+        "/loops?since=abc",
+        "/loops?since=-1h",
+        "/loops?since=0h",
+        "/runs?since=abc",
+        "/runs?since=-1h",
+    ],
+)
+def test_api_bad_parameters_are_400(keyed_worker: dict[str, Any], path: str) -> None:
+    status, doc = keyed_worker["worker"].api(path, token=TOKEN)
+    assert status == 400, doc
+    assert isinstance(doc.get("error"), str) and doc["error"]
+
+
+def test_api_token(keyed_worker: dict[str, Any]) -> None:
+    worker: WorkerProc = keyed_worker["worker"]
+    for path in ("/loops", "/runs", "/runs/abc"):
+        assert worker.api(path)[0] == 401
+        assert worker.api(path, token="wrong")[0] == 401
+        assert worker.api(path, token=TOKEN)[0] == 200
+    status, doc = worker.api("/healthz")  # health needs no token
+    assert status == 200 and doc["status"] == "ok" and doc["active_runs"] >= 1
+
+
+# ---------------------------------------------------------------------------- restart
+
+
+def wait_health(worker: WorkerProc, key: str, at_least: int, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, doc = worker.api("/healthz")
+        if status == 200 and doc.get(key, 0) >= at_least:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"healthz {key} < {at_least} after {timeout} s:\n{worker.log_tail()}")
+
+
+def test_restart_sigterm_and_sigkill_keep_event_ids(
+    corpus: Corpus, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    workdir: Path = tmp_path_factory.mktemp("restart-worker")
+    policy = write_policy(
+        workdir / "policy.yaml",
+        allowed_lateness_seconds=60,
+        finalize_grace_seconds=2,
+        idle_timeout_seconds=60,  # runs wait for their next part across the restarts
+    )
+    worker = WorkerProc(workdir, policy, LOOPWATCH_STORE="rocksdb://")
+    # Every run is cut across three parts in its own order: its first export message, the
+    # middle ones, the last (with the root span, which ends the run).
+    parts: list[list[bytes]] = [[], [], []]
+    for msgs in corpus.files.values():
+        parts[0].append(msgs[0])
+        parts[1].extend(msgs[1:-1])
+        parts[2].append(msgs[-1])
+    n_runs = len(corpus.runs)
+    try:
+        worker.start()
+        worker.wait_ready()
+        worker.produce((None, m) for m in parts[0])
+        wait_health(worker, "active_runs", n_runs)  # every run is open, none finished
+        assert worker.stop(signal.SIGTERM) == 0, worker.log_tail()
+
+        worker.produce((None, m) for m in parts[1])  # while the worker is down
+        worker.start()
+        health = worker.wait_ready()
+        assert health["active_runs"] == n_runs and health["runs_finished"] == 0, health
+        wait_health(worker, "records", len(parts[1]))
+        worker.produce((None, m) for m in parts[2][: len(parts[2]) // 2])
+        emitted = worker.read("events", until=lambda rs: len(rs) >= 1, timeout=TIMEOUT)
+        worker.stop(signal.SIGKILL)  # mid-stream: outputs, state and offsets partly committed
+        assert emitted, "no event before the kill"
+
+        worker.produce((None, m) for m in parts[2][len(parts[2]) // 2 :])
+        worker.start()
+        worker.wait_ready()
+        got = event_ids(worker, corpus.event_ids, timeout=90)
+        assert got == corpus.event_ids, (
+            f"missing {sorted(corpus.event_ids - got)}, invented {sorted(got - corpus.event_ids)}"
+        )
+        assert run_outcomes(worker, corpus.runs) == corpus.runs
+
+        # spans of finished runs, redelivered late: counted, no new run, no new event
+        late = parts[0][:5]
+        worker.produce((None, m) for m in late)
+        n_late = sum(len(decode_record(m, "otlp_proto", "late")) for m in late)
+        deadline = time.monotonic() + TIMEOUT
+        while metric(worker, "loopwatch_late_spans_total") < n_late:
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.3)
+        assert event_ids(worker, corpus.event_ids) == corpus.event_ids
+        assert worker.api("/healthz")[1]["active_runs"] == 0
+        assert worker.stop(signal.SIGTERM) == 0
+    finally:
+        worker.cleanup()
+
+
+# ---------------------------------------------------------------------------- two workers
+
+
+def test_two_workers_split_partitions_and_answer_for_each_other(
+    corpus: Corpus, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    workdir: Path = tmp_path_factory.mktemp("two-workers")
+    policy = write_policy(
+        workdir / "policy.yaml", finalize_grace_seconds=2, idle_timeout_seconds=600
+    )
+    a = WorkerProc(workdir, policy, LOOPWATCH_STORE="rocksdb://")
+    b = WorkerProc(workdir, policy, LOOPWATCH_STORE="rocksdb://")
+    b.topics, b.app_id = a.topics, a.app_id  # the same app: one consumer group, one set of tables
+    for name in ("APP_ID", "INPUT_TOPIC", "STEPS_TOPIC", "EVENTS_TOPIC", "RUNS_TOPIC"):
+        b.env[f"LOOPWATCH_{name}"] = a.env[f"LOOPWATCH_{name}"]
+    b.env["LOOPWATCH_DEAD_LETTER_TOPIC"] = a.env["LOOPWATCH_DEAD_LETTER_TOPIC"]
+    b.env["LOOPWATCH_DATA_DIR"] = str(workdir / "data-b")
+    try:
+        a.start()
+        a.wait_ready()
+        b.start()
+        b.wait_ready()
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # the rebalance gives each worker two of the four partitions
+            parts = [w.api("/healthz")[1]["assigned_partitions"] for w in (a, b)]
+            if sorted(parts[0] + parts[1]) == [0, 1, 2, 3] and parts[0] and parts[1]:
+                break
+            assert time.monotonic() < deadline, parts
+            time.sleep(0.3)
+        open_runs = []
+        records: list[tuple[bytes | None, bytes]] = []
+        for trace in range(900, 908):  # runs left open (no root, idle timeout 10 min)
+            run = Run(trace=trace)
+            for _ in range(3):
+                run.tool("lookup_order", {"order_id": "Z9"}, {"status": "pending"})
+            open_runs.append(run.trace_id)
+            records.append((None, encode_request(run.spans)))
+        records += [(None, m) for m in corpus.messages()]
+        a.produce(records)
+        assert event_ids(a, corpus.event_ids) >= corpus.event_ids
+        assert run_outcomes(a, corpus.runs) == corpus.runs
+        for worker in (a, b):
+            health = worker.api("/healthz")[1]
+            assert health["active_runs"] < len(open_runs)  # each holds only its share
+            for run_id in open_runs:  # routed to the owner of the key
+                status, doc = worker.api(f"/runs/{run_id}")
+                assert status == 200 and doc["found"], (worker.web_port, run_id, doc)
+            # each worker sums its own windows and its peer's
+            loops = worker.api("/loops?by=shape")[1]["rows"]
+            assert sum(r["events"] for r in loops) == len(corpus.events) + len(open_runs)
+            runs = worker.api("/runs")[1]["rows"]
+            assert sum(r["runs"] for r in runs) == len(corpus.runs)
+        local = [
+            sum(r["events"] for r in w.api("/loops?by=shape&scope=local")[1]["rows"])
+            for w in (a, b)
+        ]
+        assert sum(local) == len(corpus.events) + len(open_runs) and all(local)
+        assert b.stop() == 0
+    finally:
+        if b.alive():
+            b.stop()
+        a.cleanup()

@@ -1,0 +1,174 @@
+"""The agent bodies of streams/app.py without a broker: the faust topics and tables of a
+built (never started) LoopwatchService are replaced by recording fakes, and the agents'
+per-message methods are called with fake events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from alerts.metrics import Metrics
+from detectors.fingerprint import Fingerprinter
+from detectors.policy import policy_from_mapping
+from streams.app import build_app
+from streams.settings import WorkerSettings
+from tests.otlp_build import encode_request
+from tests.spankit import Run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Msg:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: float = 0.0
+
+
+@dataclass
+class Ev:
+    message: Msg
+
+
+class FakeTopic:
+    def __init__(self, name: str, log: list[tuple[str, Any]]) -> None:
+        self.name = name
+        self.log = log
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, **kw: Any) -> asyncio.Future[None]:
+        self.sent.append(kw)
+        self.log.append(("send", self.name))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+class FakeTable(dict):  # type: ignore[type-arg]
+    def __init__(self, name: str, log: list[tuple[str, Any]]) -> None:
+        super().__init__()
+        self.name = name
+        self.log = log
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.log.append(("write", self.name))
+        super().__setitem__(key, value)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Any:
+    settings = WorkerSettings.from_env(
+        {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path)}
+    )
+    raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
+    raw["allowed_lateness_seconds"] = 0  # steps are released as they arrive
+    policy = policy_from_mapping(raw, "<test>")
+    svc = build_app(settings, policy, Fingerprinter(b"k"), Metrics(CollectorRegistry()), 4)
+    log: list[tuple[str, Any]] = []
+    svc.log = log
+    svc.steps_topic = FakeTopic("steps", log)
+    svc.events_topic = FakeTopic("events", log)
+    svc.runs_topic = FakeTopic("runs", log)
+    svc.dead_topic = FakeTopic("dead", log)
+    svc.runs = FakeTable("runs", log)
+    svc.finished = FakeTable("finished", log)
+    svc.loop_counts = defaultdict(int)
+    svc.run_counts = defaultdict(int)
+    return svc
+
+
+def looping_run(trace: int) -> Run:
+    run = Run(trace=trace)
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.root()
+    return run
+
+
+async def test_ingest_then_detect_publishes_before_writing_state(service: Any) -> None:
+    runs = [looping_run(t) for t in (1, 2, 3)]
+    record = encode_request([s for r in runs for s in r.spans])
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 7, None, record, 123.0)))
+    sent = service.steps_topic.sent
+    assert 1 <= len(sent) <= 3 and all(m["key"] is None for m in sent)
+    assert sum(len(json.loads(m["value"])) for m in sent) == 3  # three runs, grouped
+    assert all(m["timestamp"] == 123.0 for m in sent)
+    service.log.clear()
+    events = [
+        Ev(Msg("loopwatch-steps", m["partition"], i, None, m["value"], 123.0))
+        for i, m in enumerate(sent)
+    ]
+    await service.detect_batch(events)
+    shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
+    assert shapes == ["identical_repetition"] * 3
+    first_write = service.log.index(("write", "runs"))
+    assert all(entry == ("send", "events") for entry in service.log[:first_write])
+    assert len(service.runs) == 3
+    assert sum(service.loop_counts.values()) == 3
+
+
+async def test_undecodable_record_goes_to_the_dead_letters(service: Any) -> None:
+    await service.ingest_record(Ev(Msg("otlp_spans", 2, 41, b"k", b"\x0a\xff\xff garbage")))
+    (dead,) = service.dead_topic.sent
+    headers = dict(dead["headers"])
+    assert headers["reason"] == b"decode_error" and headers["source_offset"] == b"41"
+    assert headers["source_partition"] == b"2" and headers["source_topic"] == b"otlp_spans"
+    assert b"garbage" not in dead["value"]
+    assert service.steps_topic.sent == []
+
+
+async def test_an_unexpected_error_is_an_internal_error_dead_letter(
+    service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(span: Any) -> Any:
+        raise RuntimeError("customer text must not leak: SECRET")
+
+    monkeypatch.setattr(service.normalizer, "step", boom)
+    record = encode_request(looping_run(5).spans)
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 9, None, record)))
+    (dead,) = service.dead_topic.sent
+    headers = dict(dead["headers"])
+    assert headers["reason"] == b"internal_error" and headers["error"] == b"RuntimeError"
+    assert all(b"SECRET" not in v for v in headers.values())
+
+
+async def test_a_bad_steps_message_does_not_stop_the_batch(service: Any) -> None:
+    good = encode_request(looping_run(6).spans)
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, good)))
+    (msg,) = service.steps_topic.sent
+    events = [
+        Ev(Msg("loopwatch-steps", 1, 0, None, b"[not json")),
+        Ev(Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"])),
+    ]
+    await service.detect_batch(events)
+    assert [dict(d["headers"])["reason"] for d in service.dead_topic.sent] == [b"internal_error"]
+    assert len(service.events_topic.sent) == 1 and len(service.runs) == 1
+
+
+async def test_ticks_finalize_due_runs(service: Any) -> None:
+    run = looping_run(7)
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.steps_topic.sent
+    p = msg["partition"]
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    assert service.runs_topic.sent == []
+    deadline = service.driver.index.get(run.trace_id)
+    service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
+    assert p in service.driver.due_partitions(10**19)
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
+    (summary,) = [json.loads(m["value"]) for m in service.runs_topic.sent]
+    assert summary["run_id"] == run.trace_id and summary["outcome"] == "complete"
+    assert run.trace_id.encode() not in service.runs
+    assert run.trace_id.encode() in service.finished
+    assert sum(service.run_counts.values()) == 1

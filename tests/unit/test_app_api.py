@@ -1,0 +1,164 @@
+"""Pure parts of the worker's API and outputs: query parameters, windowed sums, bearer
+token, dead letters."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from streams.app import (
+    LOOP_LABELS,
+    RUN_LABELS,
+    BadRequest,
+    aggregate_key,
+    check_bearer,
+    dead_letter_record,
+    merge_rows,
+    parse_by,
+    parse_since,
+    sum_windows,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1h", 3600), ("90s", 90), ("15m", 900), ("1d", 86400), ("24h", 86400), ("600", 600)],
+)
+def test_parse_since(text: str, seconds: int) -> None:
+    assert parse_since(text) == (text, seconds)
+
+
+def test_parse_since_default_and_long_windows() -> None:
+    assert parse_since(None) == ("1h", 3600)
+    assert parse_since("7d")[1] == 7 * 86400  # accepted; the counters keep 24 h
+
+
+@pytest.mark.parametrize("text", ["abc", "-1h", "0h", "0", "1w", "1.5h", "", "h", "1h ago", "367d"])
+def test_parse_since_rejects(text: str) -> None:
+    with pytest.raises(BadRequest, match="since"):
+        parse_since(text)
+
+
+def test_parse_by() -> None:
+    assert parse_by(None) == list(LOOP_LABELS)
+    assert parse_by("shape") == ["shape"]
+    assert parse_by("tool_version, shape") == ["tool_version", "shape"]
+    for bad in ("", "shape,", "colour", "shape,shape", "shape,,tool_version"):
+        with pytest.raises(BadRequest):
+            parse_by(bad)
+
+
+def items(*rows: tuple[tuple[object, ...], int, float, int]) -> list[tuple[object, int]]:
+    """(labels, partition, window end, count) -> raw windowed-table items."""
+    return [((aggregate_key(labels, p), (end - 60, end)), n) for labels, p, end, n in rows]
+
+
+def test_sum_windows_groups_and_filters_by_time() -> None:
+    now = 10_000.0
+    raw = items(
+        (("identical_repetition", "v1", "3"), 0, now, 2),
+        (("identical_repetition", "v1", "3"), 1, now - 120, 1),  # another partition, same labels
+        (("retry_storm", "v2", None), 0, now - 30, 4),
+        (("identical_repetition", "v1", "3"), 0, now - 7200, 50),  # older than since
+    )
+    rows = sum_windows(raw, LOOP_LABELS, ["shape"], 3600, now, "events")
+    assert rows == [
+        {"shape": "retry_storm", "events": 4},
+        {"shape": "identical_repetition", "events": 3},
+    ]
+    rows = sum_windows(raw, LOOP_LABELS, list(LOOP_LABELS), 3600, now, "events")
+    assert {
+        "shape": "retry_storm",
+        "prompt_version": "v2",
+        "tool_version": None,
+        "events": 4,
+    } in rows
+    assert (
+        sum(r["events"] for r in sum_windows(raw, LOOP_LABELS, ["shape"], 86400, now, "events"))
+        == 57
+    )
+    # JSON-list keys (how the rocksdb store gives them back) read the same
+    as_lists = [([k[0], list(k[1])], v) for k, v in raw]
+    assert sum_windows(as_lists, LOOP_LABELS, ["shape"], 3600, now, "events") == sum_windows(
+        raw, LOOP_LABELS, ["shape"], 3600, now, "events"
+    )
+
+
+def test_merge_rows_sums_answers_of_several_workers() -> None:
+    by = ["prompt_version", "outcome", "termination_reason"]
+    rows = [
+        {
+            "prompt_version": "v1",
+            "outcome": "complete",
+            "termination_reason": "final_answer",
+            "runs": 3,
+        },
+        {
+            "prompt_version": "v1",
+            "outcome": "complete",
+            "termination_reason": "final_answer",
+            "runs": 2,
+        },
+        {
+            "prompt_version": None,
+            "outcome": "incomplete_trace",
+            "termination_reason": "unknown",
+            "runs": 1,
+        },
+    ]
+    merged = merge_rows(rows, by, "runs")
+    assert merged[0]["runs"] == 5 and len(merged) == 2
+    assert tuple(by) == RUN_LABELS
+
+
+def test_bearer_token() -> None:
+    assert check_bearer(None, None) and check_bearer("anything", None)
+    assert check_bearer("Bearer t0k", "t0k")
+    assert not check_bearer(None, "t0k")
+    assert not check_bearer("Bearer wrong", "t0k")
+    assert not check_bearer("t0k", "t0k")
+    assert not check_bearer("Basic t0k", "t0k")
+
+
+def test_dead_letter_carries_a_digest_not_the_payload() -> None:
+    payload = b'{"resourceSpans": "customer@example.com"'
+    value, headers = dead_letter_record(
+        payload,
+        reason="decode_error",
+        error="otlp/2@17: invalid JSON at line 1",
+        topic="otlp",
+        partition=2,
+        offset=17,
+        capture_payload=False,
+    )
+    h = dict(headers)
+    assert h["reason"] == b"decode_error" and h["source_topic"] == b"otlp"
+    assert h["source_partition"] == b"2" and h["source_offset"] == b"17"
+    assert h["error"] == b"otlp/2@17: invalid JSON at line 1"
+    assert b"customer" not in value and all(b"customer" not in v for v in h.values())
+    body = json.loads(value)
+    assert body["payload_sha256"] == hashlib.sha256(payload).hexdigest()
+    assert body["payload_length"] == len(payload)
+
+    value, headers = dead_letter_record(
+        payload,
+        reason="decode_error",
+        error="x",
+        topic="t",
+        partition=0,
+        offset=0,
+        capture_payload=True,
+    )
+    assert value == payload and dict(headers)["payload_captured"] == b"true"
+    value, _ = dead_letter_record(
+        None,
+        reason="decode_error",
+        error="x",
+        topic="t",
+        partition=0,
+        offset=0,
+        capture_payload=False,
+    )
+    assert json.loads(value)["payload_length"] == 0

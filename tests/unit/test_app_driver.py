@@ -1,0 +1,380 @@
+"""The stream worker's pure core (streams/app.py, no faust, no broker): the RunDriver over
+dict tables with an explicit clock behaves like the replay engine; deadlines, ticks,
+finished markers, eviction and the write-through state cache."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alerts.events import event_id
+from detectors.fingerprint import Fingerprinter
+from detectors.policy import Policy, load_policy, policy_from_mapping
+from streams.app import (
+    NS,
+    Deadline,
+    DeadlineIndex,
+    Envelope,
+    FinishedIndex,
+    RunDriver,
+    decode_envelope,
+    decode_header,
+    decode_run_groups,
+    decode_steps,
+    encode_envelope,
+    encode_run_groups,
+    encode_steps,
+    group_steps,
+    key_partition,
+    run_view,
+)
+from streams.normalize import Normalizer
+from streams.otlp import decode_record
+from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
+from tests.spankit import Run, example_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = load_policy(ROOT / "examples" / "loopwatch.yaml")
+KEY = b"unit-key"
+T0 = 1_800_000_000 * NS  # wall clock of the fake worker
+
+
+def stream_policy(**timing: Any) -> Policy:
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
+    raw.update(timing)
+    return policy_from_mapping(raw, "<stream test policy>")
+
+
+class FakeWorker:
+    """Ingest + detect + ticks, as the faust agents call them, on dict tables."""
+
+    def __init__(self, policy: Policy, partitions: int = 4, **kw: Any) -> None:
+        self.normalizer = Normalizer(policy, Fingerprinter(KEY))
+        self.driver = RunDriver(policy, **kw)
+        self.runs: dict[bytes, bytes] = {}
+        self.finished: dict[bytes, bytes] = {}
+        self.partitions = partitions
+        self.now = T0
+        self.events: list[dict[str, Any]] = []
+        self.summaries: list[dict[str, Any]] = []
+        self.after_finalize = 0
+        self.evicted = 0
+
+    def collect(self, out: Any) -> None:
+        self.events += out.events
+        self.summaries += out.summaries
+        self.after_finalize += out.spans_after_finalize
+        self.evicted += out.evicted
+
+    def feed(self, message: bytes) -> None:
+        by_run, _invalid = group_steps(self.normalizer, decode_record(message, "otlp_proto", "t"))
+        # over the wire and back, like the internal topic
+        for run_id, steps in decode_run_groups(encode_run_groups(by_run.items())):
+            p = key_partition(run_id.encode(), self.partitions)
+            self.collect(
+                self.driver.process_run(self.runs, self.finished, p, run_id, [steps], self.now)
+            )
+        self.driver.apply_writes(self.runs, self.finished)  # after the outputs, as the agent
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * NS)
+        for p in sorted(self.driver.due_partitions(self.now)):
+            self.collect(self.driver.tick(self.runs, self.finished, p, self.now))
+        self.driver.apply_writes(self.runs, self.finished)
+
+
+def test_driver_equals_replay_on_the_examples() -> None:
+    policy = stream_policy(finalize_grace_seconds=2, idle_timeout_seconds=5)
+    for path in example_files():
+        messages = list(file_messages(path))
+        want_events, want_runs = replay_messages(messages, POLICY, KEY)
+        worker = FakeWorker(policy)
+        for m in messages:
+            worker.feed(m)
+            worker.advance(0.01)
+        worker.advance(10)
+        assert worker.events == want_events, path.name  # same events, same order, same fields
+        assert sorted((s["run_id"], s["outcome"]) for s in worker.summaries) == sorted(
+            (s["run_id"], s["outcome"]) for s in want_runs
+        ), path.name
+        assert worker.runs == {} and len(worker.finished) == len(want_runs)
+        assert len(worker.driver.index) == 0
+
+
+def test_shuffled_and_duplicated_input_with_a_long_buffer_gives_the_same_ids() -> None:
+    policy = stream_policy(
+        allowed_lateness_seconds=60, finalize_grace_seconds=2, idle_timeout_seconds=5
+    )
+    want: set[str] = set()
+    messages: list[bytes] = []
+    for path in example_files():
+        msgs = list(file_messages(path))
+        want |= {e["event_id"] for e in replay_messages(msgs, POLICY, KEY)[0]}
+        messages += msgs
+    rng = random.Random(5)
+    for _ in range(3):
+        batch = messages + rng.sample(messages, 15)
+        rng.shuffle(batch)
+        worker = FakeWorker(policy)
+        for m in batch:
+            worker.feed(m)
+        worker.advance(10)
+        assert {e["event_id"] for e in worker.events} == want
+        assert len(worker.events) == len(want)  # each episode fired once
+
+
+def test_release_timer_feeds_buffered_steps_without_a_new_span() -> None:
+    policy = stream_policy(allowed_lateness_seconds=1, idle_timeout_seconds=600)
+    run = Run(trace=9)
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+
+    worker = FakeWorker(policy)
+    worker.feed(encode_request(run.spans))
+    assert worker.events == []  # the last steps wait for the lateness
+    state = decode_envelope(worker.runs[run.trace_id.encode()])[1]
+    assert state.pending
+    worker.advance(0.5)
+    assert worker.events == []
+    worker.advance(0.6)  # 1.1 s of wall time: the run clock passed the lateness
+    assert [e["shape"] for e in worker.events] == ["identical_repetition"]
+    assert worker.summaries == []  # released, not finalized
+    state = decode_envelope(worker.runs[run.trace_id.encode()])[1]
+    assert state.pending == []
+    worker.advance(600)
+    assert [s["outcome"] for s in worker.summaries] == ["incomplete_trace"]  # no root: idle
+
+
+def test_finalization_deadlines_and_late_spans_after_finalize() -> None:
+    policy = stream_policy(finalize_grace_seconds=2, idle_timeout_seconds=5)
+
+    run = Run(trace=10)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    first = encode_request(run.spans)
+    run.root()
+    rest = encode_request(run.spans[1:])
+    worker = FakeWorker(policy)
+    worker.feed(first)
+    worker.advance(4.9)
+    assert worker.summaries == []  # idle timeout 5 s not reached
+    worker.feed(rest)  # the root: grace 2 s from now
+    worker.advance(1.9)
+    assert worker.summaries == []
+    worker.advance(0.2)
+    assert [(s["run_id"], s["outcome"]) for s in worker.summaries] == [(run.trace_id, "complete")]
+    worker.feed(first)  # redelivered after the end: counted, not a new run
+    assert worker.after_finalize == 1 and worker.runs == {}
+    worker.advance(100)
+    assert len(worker.summaries) == 1
+
+
+def test_finished_markers_expire() -> None:
+
+    policy = stream_policy(finalize_grace_seconds=1, idle_timeout_seconds=5)
+    run = Run(trace=11)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    run.root()
+    worker = FakeWorker(policy, finished_ttl_seconds=60)
+    worker.feed(encode_request(run.spans))
+    worker.advance(2)
+    assert run.trace_id.encode() in worker.finished
+    worker.advance(59)
+    assert run.trace_id.encode() in worker.finished
+    worker.advance(2)
+    assert worker.finished == {} and worker.driver.finished_index.size == 0
+
+
+def test_capacity_evicts_the_oldest_idle_runs() -> None:
+
+    policy = stream_policy(idle_timeout_seconds=600)
+    worker = FakeWorker(policy, max_active_runs=2)
+    ids = []
+    for trace in range(20, 24):
+        run = Run(trace=trace)
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+        worker.feed(encode_request(run.spans))
+        ids.append(run.trace_id)
+        worker.now += NS  # later runs are younger
+    worker.advance(0.1)
+    assert worker.evicted == 2
+    assert sorted(s["run_id"] for s in worker.summaries) == sorted(ids[:2])  # the oldest
+    assert {k.decode() for k in worker.runs} == set(ids[2:])
+    assert len(worker.driver.index) == 2
+    worker.advance(0.1)
+    assert worker.evicted == 2  # stable at the bound
+
+
+def test_rebuild_after_rebalance_restarts_the_clocks() -> None:
+
+    policy = stream_policy(finalize_grace_seconds=2, idle_timeout_seconds=5)
+    run = Run(trace=30)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    worker = FakeWorker(policy)
+    worker.feed(encode_request(run.spans))
+    # a new worker (restart) finds the tables 100 s later
+    fresh = FakeWorker(policy)
+    fresh.runs, fresh.finished, fresh.now = worker.runs, worker.finished, worker.now + 100 * NS
+    fresh.driver.rebuild(fresh.runs.items(), fresh.finished.items(), None, fresh.now)
+    assert len(fresh.driver.index) == 1
+    fresh.advance(4.9)  # downtime did not count
+    assert fresh.summaries == []
+    fresh.advance(0.2)
+    assert [s["outcome"] for s in fresh.summaries] == ["incomplete_trace"]
+    # partitions not assigned to this worker are left out
+    other = FakeWorker(policy)
+    other.driver.rebuild(worker.runs.items(), {}.items(), {99}, worker.now)
+    assert len(other.driver.index) == 0
+
+
+def test_a_failure_never_leaves_a_half_updated_state_in_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from detectors import run as pipeline
+
+    policy = stream_policy(idle_timeout_seconds=600)
+    run = Run(trace=31)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    worker = FakeWorker(policy)
+    worker.feed(encode_request(run.spans))
+    before = worker.runs[run.trace_id.encode()]
+    run.tool("lookup_order", {"order_id": "A2"}, {"status": "ok"})
+
+    def boom(*args: Any) -> Any:
+        raise RuntimeError("detector bug")
+
+    monkeypatch.setattr(pipeline, "release", boom)
+    with pytest.raises(RuntimeError):
+        worker.feed(encode_request(run.spans[1:]))
+    assert worker.runs[run.trace_id.encode()] == before
+    assert run.trace_id not in worker.driver.cache
+    assert worker.driver.take_writes() == []
+    monkeypatch.undo()
+    worker.feed(encode_request(run.spans[1:]))
+    state = decode_envelope(worker.runs[run.trace_id.encode()])[1]
+    assert state.spans == 2 and state.duplicate_spans == 0
+
+
+def test_table_writes_wait_for_the_outputs_and_reads_see_them() -> None:
+
+    policy = stream_policy(allowed_lateness_seconds=0, finalize_grace_seconds=1)
+    run = Run(trace=32)
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.root()
+    worker = FakeWorker(policy, cache_size=0)  # no cache: reads go to the overlay or table
+    key = run.trace_id.encode()
+    out = worker.driver.process_run(
+        worker.runs,
+        worker.finished,
+        0,
+        run.trace_id,
+        [[worker.normalizer.step(s) for s in run.spans]],
+        worker.now,
+    )
+    assert [e["shape"] for e in out.events] == ["identical_repetition"]
+    assert worker.runs == {}  # nothing written before the caller published the event
+    worker.now += 2 * NS
+    out = worker.driver.tick(worker.runs, worker.finished, 0, worker.now)  # same batch
+    assert [s["outcome"] for s in out.summaries] == ["complete"]  # read the pending state
+    writes = worker.driver.take_writes()
+    assert sorted((t, k, v is None) for t, _p, k, v in writes) == [
+        ("finished", key, False),
+        ("runs", key, True),
+    ]
+    worker.driver.discard_writes()
+    assert worker.driver.take_writes() == []
+
+
+def test_deadline_index() -> None:
+    index = DeadlineIndex()
+    index.set("a", Deadline(0, 10, None, 100))
+    index.set("b", Deadline(0, 20, 50, 200))
+    index.set("c", Deadline(1, 30, None, 60))
+    assert index.next_due(0) == 50 and index.next_due(1) == 60
+    index.set("b", Deadline(0, 25, None, 300))  # rescheduled: the old heap entry is stale
+    assert index.pop_due(0, 99) == []
+    assert index.pop_due(0, 100) == ["a"]
+    index.remove("a")
+    assert index.mark_evictions(1, 0) == 1  # b (seen 25) and c (30): the oldest goes
+    assert index.get("b").evict and index.pop_due(0, 0) == ["b"]
+    assert index.mark_evictions(1, 0) == 0  # already marked
+    index.remove("b")
+    assert len(index) == 1 and index.evicting == 0
+
+
+def test_finished_index() -> None:
+    idx = FinishedIndex()
+    idx.rebuild([(0, 30, "c"), (0, 10, "a"), (1, 20, "b")])
+    assert idx.oldest(0) == 10 and idx.pop_expired(0, 29) == ["a"]
+    assert idx.pop_expired(1, 100) == ["b"] and idx.size == 1
+
+
+def test_wire_formats_round_trip() -> None:
+    policy = example_policy()
+    normalizer = Normalizer(policy, Fingerprinter(KEY))
+    run = Run(trace=40)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    run.llm()
+    steps = [normalizer.step(s) for s in run.spans]
+
+    def wire(items: list[Any]) -> str:  # () and [] are the same on the wire
+        return json.dumps([s.to_list() for s in items])
+
+    assert wire(decode_steps(encode_steps(steps))) == wire(steps)
+    groups = decode_run_groups(encode_run_groups([("r1", steps), ("r2", steps[:1])]))
+    assert [(r, wire(g)) for r, g in groups] == [("r1", wire(steps)), ("r2", wire(steps[:1]))]
+    assert b"A1" not in encode_steps(steps)  # arguments are digests on the wire
+
+    from detectors import run as pipeline
+
+    state = pipeline.new_state("r1")
+    for step in steps:
+        pipeline.ingest(policy, state, step)
+    raw = encode_envelope(state, 3, 111, 100)
+    head = decode_header(raw)
+    assert head == Envelope(3, 111, 100, state.max_end_ns, None, len(state.pending))
+    env, back = decode_envelope(raw)
+    assert json.dumps(back.to_dict()) == json.dumps(state.to_dict()) and env == head
+
+
+def test_key_partition_matches_the_java_client() -> None:
+    # murmur2 of the Java client (org.apache.kafka.common.utils.Utils.murmur2)
+    assert key_partition(b"21", 8) == (-973932308 & 0x7FFFFFFF) % 8
+    assert {key_partition(f"run-{i}".encode(), 4) for i in range(50)} == {0, 1, 2, 3}
+
+
+def test_run_view_shows_digests_only() -> None:
+    policy = stream_policy(allowed_lateness_seconds=0)
+
+    run = Run(trace=50, prompt_version="v7")
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "SECRET-ORDER"}, {"status": "SECRET-RESULT"})
+    worker = FakeWorker(policy)
+    worker.feed(encode_request(run.spans))
+    worker.advance(0.1)
+    raw = worker.runs[run.trace_id.encode()]
+    doc = run_view(run.trace_id, raw, False)
+    text = json.dumps(doc)
+    assert "SECRET" not in text
+    assert doc["found"] and not doc["finished"] and doc["state"]["prompt_version"] == "v7"
+    assert [s["position"] for s in doc["steps"]] == [1, 2, 3]
+    assert set(doc["steps"][0]) == {
+        "position",
+        "span_id",
+        "tool_name",
+        "action_fp",
+        "outcome_digest",
+        "error_code",
+    }
+    fired = doc["findings"][0]
+    assert fired["shape"] == "identical_repetition"
+    assert fired["event_id"] == worker.events[0]["event_id"]
+    missing = run_view("nope", None, True)
+    assert missing["found"] is False and missing["finished"] is True and missing["steps"] == []
+    assert event_id  # imported for the id function the view uses
