@@ -27,10 +27,10 @@ def _kv(key: str, value: object) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
-def _run_spans(rng: random.Random, run_no: int, loop_share: float) -> list[Span]:
+def _run_spans(rng: random.Random, run_no: int, loop_share: float, start_ns: int) -> list[Span]:
     trace_id = rng.getrandbits(128).to_bytes(16, "big")
     root_id = rng.getrandbits(64).to_bytes(8, "big")
-    t = BASE_NS + run_no * 3_000_000_000
+    t = start_ns
     start = t
     spans: list[Span] = []
     steps = rng.randint(3, 25)  # tool calls; with their LLM turns 6-50 steps
@@ -106,7 +106,12 @@ def _run_spans(rng: random.Random, run_no: int, loop_share: float) -> list[Span]
 
 
 def export_messages(
-    total_spans: int, seed: int = 7, loop_share: float = 0.04, batch: tuple[int, int] = (50, 500)
+    total_spans: int,
+    seed: int = 7,
+    loop_share: float = 0.04,
+    batch: tuple[int, int] = (50, 500),
+    base_ns: int = BASE_NS,
+    run_spacing_ns: int = 3_000_000_000,
 ) -> Iterator[bytes]:
     """Serialized ExportTraceServiceRequests until `total_spans` spans were emitted.
 
@@ -129,7 +134,7 @@ def export_messages(
         taken = 0
         while taken < size and emitted + taken < total_spans:
             while len(live) < 20:
-                live.append(_run_spans(rng, run_no, loop_share))
+                live.append(_run_spans(rng, run_no, loop_share, base_ns + run_no * run_spacing_ns))
                 run_no += 1
             run = live[rng.randrange(len(live))]
             chunk = run[:8]

@@ -1,0 +1,307 @@
+"""End to end through the real broker: worker throughput and latency, the bare
+consume+decode ceiling of the same topic, worker memory, and 1 vs 2 workers.
+
+Each measurement gets its own topics and app id (tests/integration/worker_support.py);
+the worker runs as `loopwatch worker` in a subprocess with the production store
+(rocksdb) unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench.corpus import export_messages
+from detectors.fingerprint import Fingerprinter
+from detectors.policy import load_policy
+from streams.engine import Engine
+from streams.otlp import decode_proto
+from tests.integration.worker_support import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
+from tests.kafka_support import bootstrap, create_topics
+
+PARTITIONS = 4
+
+
+def _worker(workdir: Path, **env: str) -> WorkerProc:
+    return WorkerProc(
+        workdir, EXAMPLE_POLICY, LOOPWATCH_STORE="rocksdb://", LOOPWATCH_LOG_LEVEL="warning", **env
+    )
+
+
+def _produce(
+    topic: str,
+    messages: list[bytes],
+    rate_spans: float | None = None,
+    spans_per_msg: list[int] | None = None,
+) -> list[float]:
+    """Produce messages (unkeyed, as the collector's default); returns each send's wall time.
+    With `rate_spans`, pace sends to that many spans per second."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap(), "linger.ms": 5, "log_level": 0, "acks": "all"}
+    )
+    sent: list[float] = []
+    started = time.perf_counter()
+    spans_so_far = 0
+    for i, message in enumerate(messages):
+        if rate_spans and spans_per_msg:
+            due = started + spans_so_far / rate_spans
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            spans_so_far += spans_per_msg[i]
+        sent.append(time.time())
+        producer.produce(topic, value=message)
+        producer.poll(0)
+    producer.flush(60)
+    return sent
+
+
+def _replay_expectation(messages: list[bytes]) -> tuple[int, dict[str, int], list[int]]:
+    """Events the replay finds on these messages, span id -> message index, spans/message."""
+    events: list[dict[str, Any]] = []
+    engine = Engine(
+        load_policy(EXAMPLE_POLICY), Fingerprinter(FINGERPRINT_KEY.encode()), events.append
+    )
+    where: dict[str, int] = {}
+    counts: list[int] = []
+    for i, message in enumerate(messages):
+        spans = decode_proto(message)
+        counts.append(len(spans))
+        for span in spans:
+            where[span.span_id] = i
+        engine.feed(spans)
+    engine.close()
+    return len(events), where, counts
+
+
+def _wait_health(worker: WorkerProc, key: str, value: int, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, doc = worker.api("/healthz")
+        if status == 200 and doc.get(key, 0) >= value:
+            return time.time()
+        time.sleep(0.05)
+    raise RuntimeError(
+        f"worker did not reach {key} >= {value} within {timeout} s: {worker.log_tail(10)}"
+    )
+
+
+def _first_activity(worker: WorkerProc, timeout: float) -> float:
+    return _wait_health(worker, "spans", 1, timeout)
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bare_consume_decode(topic: str, n_messages: int) -> float:
+    """spans/s of a plain confluent-kafka consumer + decode_proto over the same topic."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap(),
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    md = consumer.list_topics(topic, timeout=10)
+    consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
+    spans = got = 0
+    started = time.perf_counter()
+    while got < n_messages:
+        for msg in consumer.consume(500, 1.0):
+            if msg.error():
+                continue
+            got += 1
+            for span in decode_proto(msg.value()):
+                spans += 1
+                for _v in span.attributes.values():
+                    pass
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return spans / elapsed
+
+
+def throughput(total_spans: int, workers: int = 1) -> dict[str, Any]:
+    """Pre-produce the corpus, start the worker(s), time until every record is processed."""
+    past = time.time_ns() - 3_600_000_000_000  # an hour ago: no waiting on allowed lateness
+    messages = list(export_messages(total_spans, seed=21, base_ns=past, run_spacing_ns=50_000_000))
+    expected_events, _, counts = _replay_expectation(messages)
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [_worker(Path(tmp) / f"w{i}") for i in range(workers)]
+        for i, proc in enumerate(procs[1:], 1):  # same app, topics and group as the first
+            proc.env.update(
+                {
+                    k: v
+                    for k, v in procs[0].env.items()
+                    if k.startswith("LOOPWATCH_") and "PORT" not in k
+                }
+            )
+            proc.env["LOOPWATCH_DATA_DIR"] = str(Path(tmp) / f"w{i}" / "data")
+            proc.topics = procs[0].topics
+        for proc in procs:
+            proc.workdir.mkdir(parents=True, exist_ok=True)
+        create_topics([procs[0].topics["input"]], PARTITIONS)
+        _produce(procs[0].topics["input"], messages)
+        try:
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.wait_ready(120)
+            started = min(_first_activity(p, 120) for p in procs)
+            done = _wait_all(procs, "records", len(messages), 600)
+            events_done = _wait_all(procs, "events", expected_events, 120)
+            rss = [round(_rss_mib(p.proc.pid), 1) for p in procs if p.proc]
+            ceiling = bare_consume_decode(procs[0].topics["input"], len(messages))
+        finally:
+            for proc in procs:
+                proc.cleanup()
+    spans = sum(counts)
+    return {
+        "workers": workers,
+        "spans": spans,
+        "records": len(messages),
+        "worker_spans_per_s": spans / (max(done, events_done) - started),
+        "bare_consume_decode_spans_per_s": ceiling,
+        "expected_events": expected_events,
+        "rss_mib": rss,
+    }
+
+
+def _wait_all(procs: list[WorkerProc], key: str, value: int, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        total = 0
+        for proc in procs:
+            status, doc = proc.api("/healthz")
+            total += doc.get(key, 0) if status == 200 else 0
+        if total >= value:
+            return time.time()
+        time.sleep(0.05)
+    raise RuntimeError(f"workers did not reach {key} >= {value} within {timeout} s")
+
+
+def latency(rate_spans: float, seconds: float) -> dict[str, Any]:
+    """Offer `rate_spans` spans/s of live traffic; detection latency = loop_detected record
+    timestamp minus the send time of the record holding the trigger span."""
+    total = int(rate_spans * seconds)
+    now = time.time_ns()
+    messages = list(
+        export_messages(total, seed=33, base_ns=now, run_spacing_ns=int(1e9 * 20 / rate_spans * 10))
+    )
+    expected_events, where, counts = _replay_expectation(messages)
+    latencies: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = _worker(Path(tmp))
+        worker.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            worker.start()
+            worker.wait_ready(120)
+            sent: list[float] = []
+            producer_thread = threading.Thread(
+                target=lambda: sent.extend(
+                    _produce(worker.topics["input"], messages, rate_spans, counts)
+                )
+            )
+            producer_thread.start()
+            producer_thread.join()
+            records = worker.read("events", until=lambda r: len(r) >= expected_events, timeout=120)
+            for record in records:
+                event = json.loads(record.value())
+                index = where.get(event["trigger_span_id"])
+                if index is None:
+                    continue
+                _kind, ts_ms = record.timestamp()
+                latencies.append(ts_ms / 1000 - sent[index])
+        finally:
+            worker.cleanup()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return (
+            latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+            if latencies
+            else float("nan")
+        )
+
+    return {
+        "offered_spans_per_s": rate_spans,
+        "events": len(latencies),
+        "expected_events": expected_events,
+        "p50_s": pct(0.50),
+        "p99_s": pct(0.99),
+        "mean_s": statistics.fmean(latencies) if latencies else float("nan"),
+    }
+
+
+def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
+    """Worker RSS after N tiny finished runs (root + one tool span each) passed through."""
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = _worker(Path(tmp), LOOPWATCH_FINISHED_TTL_SECONDS="60")
+        worker.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            worker.start()
+            worker.wait_ready(120)
+            done = 0
+            for target in runs_checkpoints:
+                batch = _tiny_runs(done, target - done)
+                _produce(worker.topics["input"], batch)
+                _wait_health(worker, "runs_finished", target, 1800)
+                done = target
+                out[str(target)] = round(_rss_mib(worker.proc.pid), 1) if worker.proc else 0.0
+        finally:
+            worker.cleanup()
+    return {"rss_mib_after_runs": out}
+
+
+_RUNS_PER_RECORD = 200
+
+
+def _tiny_runs(first: int, count: int) -> list[bytes]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from bench.corpus import _kv
+
+    past = time.time_ns() - 3_600_000_000_000
+    out: list[bytes] = []
+    for start in range(first, first + count, _RUNS_PER_RECORD):
+        request = ExportTraceServiceRequest()
+        scope = request.resource_spans.add().scope_spans.add()
+        for n in range(start, min(start + _RUNS_PER_RECORD, first + count)):
+            trace = n.to_bytes(16, "big")
+            root = (n * 2 + 1).to_bytes(8, "big")
+            t = past + n * 1_000_000
+            scope.spans.add(
+                trace_id=trace,
+                span_id=(n * 2 + 2).to_bytes(8, "big"),
+                parent_span_id=root,
+                name="execute_tool lookup_order",
+                start_time_unix_nano=t,
+                end_time_unix_nano=t + 1000,
+                attributes=[
+                    _kv("gen_ai.operation.name", "execute_tool"),
+                    _kv("gen_ai.tool.name", "lookup_order"),
+                ],
+            )
+            scope.spans.add(
+                trace_id=trace,
+                span_id=root,
+                name="invoke_agent support",
+                start_time_unix_nano=t,
+                end_time_unix_nano=t + 2000,
+                attributes=[_kv("gen_ai.operation.name", "invoke_agent")],
+            )
+        out.append(request.SerializeToString())
+    return out
