@@ -82,7 +82,7 @@ class Step:
     @classmethod
     def from_list(cls, values: list[Any]) -> Step:
         step = cls(*values[: len(STEP_FIELDS)])
-        if step.item_fps and not isinstance(step.item_fps, tuple):
+        if not isinstance(step.item_fps, tuple):  # JSON gives lists back
             step.item_fps = tuple(step.item_fps)
         return step
 

@@ -295,3 +295,21 @@ def test_no_raw_argument_or_result_survives_in_a_step():
     wire = json.dumps(step.to_list())
     assert canary_arg not in wire and canary_res not in wire
     assert step.business_fp and step.idempotency_fp
+
+
+def test_step_wire_round_trip_is_exact():
+    from detectors.model import Step
+
+    step = normalizer().step(
+        span(
+            "search_cases",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search_cases",
+                "gen_ai.tool.call.arguments": '{"query": "x", "cursor": null}',
+                "gen_ai.tool.call.result": '{"case_ids": []}',
+            },
+        )
+    )
+    back = Step.from_list(json.loads(json.dumps(step.to_list())))
+    assert back == step and back.item_fps == ()
