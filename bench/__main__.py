@@ -36,6 +36,21 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-spans", type=int, default=1_000_000, help="spans streamed for the memory profile"
     )
     parser.add_argument("--policy", default=str(ROOT / "examples" / "loopwatch.yaml"))
+    parser.add_argument(
+        "--no-e2e", action="store_true", help="skip the measurements through the broker"
+    )
+    parser.add_argument(
+        "--e2e-spans", type=int, default=150_000, help="backlog for worker throughput"
+    )
+    parser.add_argument(
+        "--latency-rate", type=float, default=10_000, help="offered spans/s for latency"
+    )
+    parser.add_argument("--latency-seconds", type=float, default=20)
+    parser.add_argument(
+        "--worker-runs",
+        default="10000,100000",
+        help="finished runs checkpoints for worker RSS (add 1000000 for the full profile)",
+    )
     args = parser.parse_args(argv)
 
     results: dict[str, object] = {
@@ -79,6 +94,54 @@ def main(argv: list[str] | None = None) -> int:
                 f"max active runs {memory['max_active_runs']:,}",
             )
         )
+    if not args.no_e2e:
+        from bench import e2e_bench
+
+        one = e2e_bench.throughput(args.e2e_spans, workers=1)
+        two = e2e_bench.throughput(args.e2e_spans, workers=2)
+        lat = e2e_bench.latency(args.latency_rate, args.latency_seconds)
+        mem = e2e_bench.memory(tuple(int(x) for x in args.worker_runs.split(",")))
+        results["e2e"] = {
+            "one_worker": one,
+            "two_workers": two,
+            "latency": lat,
+            "worker_memory": mem,
+        }
+        rows += [
+            (
+                "worker, backlog, 1 process (spans/s)",
+                f"{one['worker_spans_per_s']:,.0f} spans/s",
+                "target >= 50k",
+            ),
+            (
+                "bare confluent-kafka consume + decode, same topic",
+                f"{one['bare_consume_decode_spans_per_s']:,.0f} spans/s",
+                "ceiling",
+            ),
+            (
+                "worker / bare consume+decode",
+                f"{one['worker_spans_per_s'] / one['bare_consume_decode_spans_per_s']:.0%}",
+                "",
+            ),
+            (
+                "worker, 2 processes, 4 partitions",
+                f"{two['worker_spans_per_s']:,.0f} spans/s",
+                f"x{two['worker_spans_per_s'] / one['worker_spans_per_s']:.2f} vs 1",
+            ),
+            (
+                f"detection latency at {lat['offered_spans_per_s']:,.0f} spans/s",
+                f"p50 {lat['p50_s'] * 1000:,.0f} ms  p99 {lat['p99_s'] * 1000:,.0f} ms",
+                "target p99 <= 1 s",
+            ),
+        ]
+        for runs, mib in mem["rss_mib_after_runs"].items():
+            rows.append(
+                (
+                    f"worker RSS after {int(runs):,} finished runs",
+                    f"{mib:,.1f} MiB",
+                    "flat within 10% is the target",
+                )
+            )
     width = max(len(r[0]) for r in rows)
     print(f"loopwatch benchmarks — {results['machine']} — {results['date']}")
     print(f"{'measure':<{width}}  {'value':>28}  note")
