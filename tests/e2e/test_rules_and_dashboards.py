@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -28,6 +25,7 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from alerts.metrics import Metrics
+from tests.e2e.prom_support import binary, free_port, http_json, query, stop_process, wait_for
 
 pytestmark = pytest.mark.prometheus
 
@@ -50,59 +48,8 @@ TEMPLATE_VARS = {
 }
 
 
-def binary(*names: str) -> str:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    pytest.fail(
-        f"{' / '.join(names)} not found on PATH: run scripts/install-tools.sh "
-        "(Debian packages prometheus and prometheus-alertmanager)"
-    )
-
-
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_json(url: str, data: Any = None, timeout: float = 5.0) -> Any:
-    body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw else None
-
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (OSError, urllib.error.URLError, ValueError) as exc:
-            last_exc = exc
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what} (last error: {last_exc!r})")
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 def load_rules() -> list[dict[str, Any]]:
@@ -492,14 +439,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stop_process(proc)
         log.close()
         worker.close()
-
-
-def query(base: str, expr: str) -> dict[str, Any]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        return http_json(url)  # type: ignore[no-any-return]
-    except urllib.error.HTTPError as exc:  # 400/422: parse or execution error
-        return json.loads(exc.read() or b"{}") | {"status": "error", "http": exc.code}
 
 
 def query_range(base: str, expr: str) -> dict[str, Any]:
