@@ -282,7 +282,7 @@ def _tiny_runs(first: int, count: int) -> list[bytes]:
         request = ExportTraceServiceRequest()
         scope = request.resource_spans.add().scope_spans.add()
         for n in range(start, min(start + _RUNS_PER_RECORD, first + count)):
-            trace = n.to_bytes(16, "big")
+            trace = (n + 1).to_bytes(16, "big")  # an all-zero trace id is invalid OTLP
             root = (n * 2 + 1).to_bytes(8, "big")
             t = past + n * 1_000_000
             scope.spans.add(
