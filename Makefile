@@ -37,6 +37,9 @@ test: .venv/.installed ## run the whole test suite (starts the local broker; ins
 	scripts/kafka.sh start
 	$(PY) -m pytest
 
+chaos: .venv/.installed ## long reliability suite: SIGKILLs, broker restarts, rebalance, malformed input, canaries (scripts/chaos.sh)
+	scripts/chaos.sh
+
 lint: .venv/.installed ## ruff + mypy (strict on detectors/)
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
@@ -52,4 +55,4 @@ examples: .venv/.installed ## regenerate examples/ with the real opentelemetry-s
 clean: ## remove caches (keeps .venv and the Kafka download cache)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
 
-.PHONY: help install tools kafka-up kafka-down run replay test lint bench examples clean
+.PHONY: help install tools kafka-up kafka-down run replay test chaos lint bench examples clean

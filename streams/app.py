@@ -635,6 +635,22 @@ def dead_letter_record(
     return json.dumps(body, separators=(",", ":")).encode(), headers
 
 
+_TRACE_ID_KEY = re.compile(rb"[0-9a-f]{32}")
+
+
+def dead_letter_key(key: bytes | None, capture_payload: bool) -> bytes | None:
+    """The key of a dead letter. An undecodable record's key is unvalidated input like its
+    value (a canary in it reached the dead-letter topic and faust's debug log): unless
+    payload capture is enabled, only a trace-id key (what the collector writes) is kept,
+    any other key becomes its SHA-256 (records with one key still share a partition)."""
+    if not key or capture_payload:
+        return key
+    key = bytes(key)
+    if _TRACE_ID_KEY.fullmatch(key):
+        return key
+    return hashlib.sha256(key).hexdigest().encode()
+
+
 # ---------------------------------------------------------------------------- API helpers
 
 
@@ -1028,7 +1044,8 @@ class LoopwatchService:
             offset=message.offset,
             capture_payload=self.settings.dlq_capture_payload,
         )
-        await self.dead_topic.send(key=message.key, value=value, headers=headers)
+        key = dead_letter_key(message.key, self.settings.dlq_capture_payload)
+        await self.dead_topic.send(key=key, value=value, headers=headers)
         self.metrics.dead_letter(reason)
         self.counters["dead_letters"] += 1
 
@@ -1388,6 +1405,7 @@ __all__ = [
     "RunDriver",
     "build_app",
     "check_bearer",
+    "dead_letter_key",
     "dead_letter_record",
     "decode_envelope",
     "decode_steps",

@@ -1,8 +1,10 @@
-"""Build decoded spans for detector tests: a tiny run DSL with deterministic ids and times."""
+"""Build decoded spans for detector tests: a tiny run DSL with deterministic ids and times,
+and the canary runs of the privacy tests."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from detectors.fingerprint import Fingerprinter
@@ -260,3 +262,232 @@ def replay(
 
 def shapes(events: list[dict[str, Any]]) -> list[str]:
     return [e["shape"] for e in events]
+
+
+# ---------------------------------------------------------------------------- canaries
+
+
+class Canaries:
+    """Unique `CANARY-<kind>-<uuid4>` strings, one per place customer text lives; `find`
+    reports the kinds of any of them in a text, also lowercased or cut to the first 16 hex
+    digits of the uuid (a changed copy is still a leak)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, str] = {}
+
+    def __call__(self, kind: str) -> str:
+        value = f"CANARY-{kind}-{uuid.uuid4().hex}"
+        self.made[value] = kind
+        return value
+
+    def find(self, text: str) -> list[str]:
+        low = text.lower()
+        return sorted(
+            {
+                kind
+                for value, kind in self.made.items()
+                if value.lower() in low or value.rsplit("-", 1)[1][:16] in low
+            }
+        )
+
+    def find_bytes(self, data: bytes | None) -> list[str]:
+        return self.find(data.decode("latin-1")) if data else []
+
+    def assert_absent(self, where: str, text: str) -> None:
+        leaked = self.find(text)
+        assert not leaked, f"canaries {leaked} leaked into {where}"
+
+
+CANARY_SHAPES = {  # what `canary_runs` fires (budgets of 8 steps and 5000 tokens)
+    "identical_repetition",
+    "goal_already_satisfied",
+    "argument_churn",
+    "retry_storm",
+    "replanning",
+    "duplicate_side_effect",
+    "unsafe_side_effect_retry",
+    "delegation_ping_pong",
+    "oscillation",
+    "context_collapse",
+    "budget_exhausted",
+}
+
+
+def canary_runs(c: Canaries) -> list[Run]:
+    """Five runs (traces 101-105) whose loops make every detector emit, with canaries in
+    every free-text place: tool arguments (values and keys) and results, status and
+    exception messages and stacktraces, LLM input/output messages and system instructions,
+    plan arguments, OpenInference values, OpenLLMetry envelopes, kvlist values, root input
+    and output, unrecognized span and resource attributes. Shared by the embedded
+    (tests/unit/test_privacy.py) and the worker (tests/integration/test_canary.py) canary
+    tests, both with budgets of 8 steps and 5000 tokens."""
+    runs = []
+
+    # 1. identical repetition + goal satisfied + context collapse + budget; error root
+    run = Run(trace=101)
+    run.resource["customer.email"] = c("resource-attr")
+    note = c("arg-note")
+    for _ in range(3):
+        span = run.tool(
+            "lookup_order",
+            {"order_id": "A12", "note": note, c("arg-key"): 1},
+            {"status": "shipped", "version": 1, "detail": c("result-detail")},
+        )
+        span.attributes["user.email"] = c("span-attr")
+    export, url = c("arg-export"), c("result-url")
+    for _ in range(3):
+        run.tool(
+            "get_export_status",
+            {"export_id": export},
+            {"status": "complete", "download_url": url},
+        )
+    run.summary()
+    doc = c("result-doc")
+    for _ in range(3):
+        run.llm(5000, 20)
+        run.tool("fetch_doc", {"doc": "handbook"}, {"text": doc})
+        run.llm(100, 20)
+    run.root(
+        status=STATUS_ERROR,
+        message=f"Max turns exceeded for customer {c('status-root')}",
+        events=[
+            SpanEvent(
+                "exception",
+                run.clock,
+                {
+                    "exception.type": "agents.exceptions.MaxTurnsExceeded",
+                    "exception.message": c("exception-message"),
+                    "exception.stacktrace": f"Traceback ...\n  {c('exception-stacktrace')}",
+                },
+            )
+        ],
+        attrs={
+            "output.value": json.dumps(
+                {"messages": [{"data": {"content": c("root-output-message")}}]}
+            ),
+            "input.value": c("root-input"),
+        },
+    )
+    runs.append(run)
+
+    # 2. argument churn, retry storm with status/exception messages, error results
+    run = Run(trace=102)
+    for _ in range(3):
+        run.tool(
+            "search_orders",
+            {"query": c("arg-query")},
+            {"ok": False, "code": "not_found", "message": c("result-error-message")},
+        )
+    sku = c("arg-sku")
+    for _ in range(5):
+        span = run.tool("get_quote", {"sku": sku}, error="429", gap_ms=5)
+        span.status_message = f"429 Too Many Requests for {c('status-tool')}"
+        span.events.append(
+            SpanEvent(
+                "exception",
+                span.end_ns,
+                {"exception.type": "RateLimitError", "exception.message": c("exception-tool")},
+            )
+        )
+    run.root()
+    runs.append(run)
+
+    # 3. replanning (plan spans and LLM turns requesting several calls), model input/output
+    run = Run(trace=103)
+    plan_arg = c("plan-arg")
+    for _ in range(3):
+        run.plan(
+            [
+                {"tool": "lookup_order", "arguments": {"order_id": plan_arg}},
+                {
+                    "tool": "issue_refund",
+                    "args": {"order_id": plan_arg, "reason": c("plan-reason")},
+                },
+            ]
+        )
+    llm_arg = c("llm-tool-call-arg")
+    for _ in range(3):
+        span = run.llm(
+            200,
+            30,
+            tool_calls=[
+                ("lookup_order", {"order_id": llm_arg}),
+                ("search_orders", {"query": llm_arg}),
+            ],
+        )
+        messages = json.loads(span.attributes["gen_ai.output.messages"])
+        messages[0]["parts"].append({"type": "text", "content": c("llm-output-text")})
+        span.attributes["gen_ai.output.messages"] = json.dumps(messages)
+        span.attributes["gen_ai.input.messages"] = json.dumps([{"content": c("llm-input")}])
+        span.attributes["gen_ai.system_instructions"] = c("llm-system")
+    run.root()
+    runs.append(run)
+
+    # 4. side effects: duplicate refund (no idempotency key), unsafe retry after a timeout
+    run = Run(trace=104)
+    refund_order = c("arg-refund-order")
+    for _ in range(2):
+        run.tool(
+            "issue_refund",
+            {"order_id": refund_order, "amount": 12.5, "memo": c("arg-memo")},
+            {"ok": True, "refund_id": c("result-refund-id")},
+        )
+    ticket = c("arg-ticket")
+    span = run.tool(
+        "update_ticket",
+        {"ticket_id": ticket, "body": c("arg-body"), "idempotency_key": c("idem")},
+        error="timeout",
+    )
+    span.status_message = c("status-timeout")
+    run.tool(
+        "update_ticket",
+        {"ticket_id": ticket, "body": c("arg-body-2"), "idempotency_key": c("idem")},
+        {"ok": True},
+    )
+    run.root()
+    runs.append(run)
+
+    # 5. other conventions: OpenInference input/output.value, OpenLLMetry envelopes, kvlist
+    #    arguments, oscillation and a handoff ping-pong
+    run = Run(trace=105)
+    a, b, out_a, out_b = c("oi-input-a"), c("oi-input-b"), c("oi-output-a"), c("oi-output-b")
+    for i in range(6):
+        run.other(
+            "lookup.tool",
+            {
+                "openinference.span.kind": "TOOL",
+                "tool.name": "lookup",
+                "input.value": a if i % 2 == 0 else b,
+                "output.value": json.dumps(
+                    {
+                        "type": "tool",
+                        "data": {"content": out_a if i % 2 == 0 else out_b, "tool_call_id": "c9"},
+                    }
+                ),
+            },
+        )
+    for _ in range(3):
+        run.other(
+            "search.tool",
+            {
+                "traceloop.entity.input": json.dumps(
+                    {"inputs": {"q": c("oll-input")}, "input_str": c("oll-input-str")}
+                ),
+                "traceloop.entity.output": json.dumps({"output": c("oll-output")}),
+            },
+        )
+        run.other(
+            "execute_tool kv",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "kv",
+                "gen_ai.tool.call.arguments": {"q": c("kvlist-arg"), "nested": [c("kvlist-item")]},
+                "gen_ai.tool.call.result": {"r": c("kvlist-result")},
+            },
+        )
+    for _ in range(3):
+        run.handoff("support", "billing")
+        run.handoff("billing", "support")
+    run.root(attrs={"gen_ai.agent.finish_reason": "stop"})
+    runs.append(run)
+    return runs

@@ -20,7 +20,6 @@ import logging
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,206 +33,10 @@ from streams.engine import Engine, fingerprinter_from_env
 from streams.files import write_jsonl, write_pb
 from streams.normalize import Normalizer
 from streams.otlp import decode_json, decode_proto, proto_to_json_bytes
-from streams.spans import STATUS_ERROR, SpanEvent
 from tests.otlp_build import encode_request
-from tests.spankit import EXAMPLE_POLICY, Run
+from tests.spankit import CANARY_SHAPES, EXAMPLE_POLICY, Canaries, Run, canary_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Canaries:
-    """Unique strings per place; `find` reports any of them (or their unique part) in text."""
-
-    def __init__(self) -> None:
-        self.made: dict[str, str] = {}
-
-    def __call__(self, kind: str) -> str:
-        value = f"CANARY-{kind}-{uuid.uuid4().hex}"
-        self.made[value] = kind
-        return value
-
-    def find(self, text: str) -> list[str]:
-        low = text.lower()
-        return [
-            kind
-            for value, kind in self.made.items()
-            if value.lower() in low or value.rsplit("-", 1)[1][:16] in low
-        ]
-
-    def assert_absent(self, where: str, text: str) -> None:
-        leaked = self.find(text)
-        assert not leaked, f"canaries {sorted(set(leaked))} leaked into {where}"
-
-
-def build_runs(c: Canaries) -> list[Run]:
-    """Runs whose loops make every detector emit, with customer text everywhere."""
-    runs = []
-
-    # 1. identical repetition + goal satisfied + contract fields; arguments/results with canaries
-    run = Run(trace=101)
-    note = c("arg-note")
-    for _ in range(3):
-        run.tool(
-            "lookup_order",
-            {"order_id": "A12", "note": note, c("arg-key"): 1},
-            {"status": "shipped", "version": 1, "detail": c("result-detail")},
-        )
-    export, url = c("arg-export"), c("result-url")
-    for _ in range(3):
-        run.tool(
-            "get_export_status",
-            {"export_id": export},
-            {"status": "complete", "download_url": url},
-        )
-    run.summary()
-    doc = c("result-doc")
-    for _ in range(3):
-        run.llm(5000, 20)
-        run.tool("fetch_doc", {"doc": "handbook"}, {"text": doc})
-        run.llm(100, 20)
-    run.root(
-        status=STATUS_ERROR,
-        message=f"Max turns exceeded for customer {c('status-root')}",
-        events=[
-            SpanEvent(
-                "exception",
-                run.clock,
-                {
-                    "exception.type": "agents.exceptions.MaxTurnsExceeded",
-                    "exception.message": c("exception-message"),
-                    "exception.stacktrace": f"Traceback ...\n  {c('exception-stacktrace')}",
-                },
-            )
-        ],
-        attrs={
-            "output.value": json.dumps(
-                {"messages": [{"data": {"content": c("root-output-message")}}]}
-            ),
-            "input.value": c("root-input"),
-        },
-    )
-    runs.append(run)
-
-    # 2. argument churn, retry storm with status/exception messages, error results
-    run = Run(trace=102)
-    for _ in range(3):
-        run.tool(
-            "search_orders",
-            {"query": c("arg-query")},
-            {"ok": False, "code": "not_found", "message": c("result-error-message")},
-        )
-    sku = c("arg-sku")
-    for _ in range(5):
-        span = run.tool("get_quote", {"sku": sku}, error="429", gap_ms=5)
-        span.status_message = f"429 Too Many Requests for {c('status-tool')}"
-        span.events.append(
-            SpanEvent(
-                "exception",
-                span.end_ns,
-                {"exception.type": "RateLimitError", "exception.message": c("exception-tool")},
-            )
-        )
-    run.root()
-    runs.append(run)
-
-    # 3. replanning (plan spans and LLM turns requesting several calls), model output text
-    run = Run(trace=103)
-    plan_arg = c("plan-arg")
-    for _ in range(3):
-        run.plan(
-            [
-                {"tool": "lookup_order", "arguments": {"order_id": plan_arg}},
-                {
-                    "tool": "issue_refund",
-                    "args": {"order_id": plan_arg, "reason": c("plan-reason")},
-                },
-            ]
-        )
-    llm_arg = c("llm-tool-call-arg")
-    for _ in range(3):
-        span = run.llm(
-            200,
-            30,
-            tool_calls=[
-                ("lookup_order", {"order_id": llm_arg}),
-                ("search_orders", {"query": llm_arg}),
-            ],
-        )
-        messages = json.loads(span.attributes["gen_ai.output.messages"])
-        messages[0]["parts"].append({"type": "text", "content": c("llm-output-text")})
-        span.attributes["gen_ai.output.messages"] = json.dumps(messages)
-        span.attributes["gen_ai.input.messages"] = json.dumps([{"content": c("llm-input")}])
-    run.root()
-    runs.append(run)
-
-    # 4. side effects: duplicate refund (no idempotency key), unsafe retry after a timeout
-    run = Run(trace=104)
-    refund_order = c("arg-refund-order")
-    for _ in range(2):
-        run.tool(
-            "issue_refund",
-            {"order_id": refund_order, "amount": 12.5, "memo": c("arg-memo")},
-            {"ok": True, "refund_id": c("result-refund-id")},
-        )
-    ticket = c("arg-ticket")
-    span = run.tool(
-        "update_ticket",
-        {"ticket_id": ticket, "body": c("arg-body"), "idempotency_key": c("idem")},
-        error="timeout",
-    )
-    span.status_message = c("status-timeout")
-    run.tool(
-        "update_ticket",
-        {"ticket_id": ticket, "body": c("arg-body-2"), "idempotency_key": c("idem")},
-        {"ok": True},
-    )
-    run.root()
-    runs.append(run)
-
-    # 5. other conventions: OpenInference input/output.value, OpenLLMetry envelopes, kvlist
-    #    arguments, oscillation and a handoff ping-pong
-    run = Run(trace=105)
-    a, b, out_a, out_b = c("oi-input-a"), c("oi-input-b"), c("oi-output-a"), c("oi-output-b")
-    for i in range(6):
-        run.other(
-            "lookup.tool",
-            {
-                "openinference.span.kind": "TOOL",
-                "tool.name": "lookup",
-                "input.value": a if i % 2 == 0 else b,
-                "output.value": json.dumps(
-                    {
-                        "type": "tool",
-                        "data": {"content": out_a if i % 2 == 0 else out_b, "tool_call_id": "c9"},
-                    }
-                ),
-            },
-        )
-    for _ in range(3):
-        run.other(
-            "search.tool",
-            {
-                "traceloop.entity.input": json.dumps(
-                    {"inputs": {"q": c("oll-input")}, "input_str": c("oll-input-str")}
-                ),
-                "traceloop.entity.output": json.dumps({"output": c("oll-output")}),
-            },
-        )
-        run.other(
-            "execute_tool kv",
-            {
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": "kv",
-                "gen_ai.tool.call.arguments": {"q": c("kvlist-arg"), "nested": [c("kvlist-item")]},
-                "gen_ai.tool.call.result": {"r": c("kvlist-result")},
-            },
-        )
-    for _ in range(3):
-        run.handoff("support", "billing")
-        run.handoff("billing", "support")
-    run.root(attrs={"gen_ai.agent.finish_reason": "stop"})
-    runs.append(run)
-    return runs
 
 
 def _policy_raw() -> dict[str, Any]:
@@ -290,24 +93,12 @@ def test_no_canary_in_events_summaries_states_steps_or_logs(
 ) -> None:
     c = Canaries()
     caplog.set_level(logging.DEBUG)
-    runs = build_runs(c)
+    runs = canary_runs(c)
     events, summaries, engine = replay_scanned(runs, c, b"privacy-key")
 
     shapes = {e["shape"] for e in events}
-    # the runs above exercise (almost) every shape: the scan covers their evidence
-    assert {
-        "identical_repetition",
-        "goal_already_satisfied",
-        "argument_churn",
-        "retry_storm",
-        "replanning",
-        "duplicate_side_effect",
-        "unsafe_side_effect_retry",
-        "delegation_ping_pong",
-        "oscillation",
-        "context_collapse",
-        "budget_exhausted",
-    } <= shapes, shapes
+    # the runs exercise (almost) every shape: the scan covers their evidence
+    assert shapes >= CANARY_SHAPES, shapes
     assert len(summaries) == len(runs)
     for event in events:
         c.assert_absent(f"{event['shape']} event", json.dumps(event))
@@ -322,7 +113,7 @@ def test_no_canary_in_events_summaries_states_steps_or_logs(
 def test_canaries_survive_decoding_but_not_the_engine() -> None:
     """Sanity check of the harness: the canaries are really in the decoded spans."""
     c = Canaries()
-    runs = build_runs(c)
+    runs = canary_runs(c)
     decoded = decode_proto(encode_request(runs[0].spans), "x")
     assert c.find(repr(decoded))
 
@@ -433,7 +224,7 @@ def test_free_text_error_codes_are_not_copied(attrs: dict[str, Any], result: Any
 
 
 def write_inputs(directory: Path, c: Canaries) -> list[Run]:
-    runs = build_runs(c)
+    runs = canary_runs(c)
     messages = [encode_request(run.spans) for run in runs]
     # an undecodable record between good ones: corrupt bytes around a canary
     bad = b"\x0a\xff\xff\xff" + c("undecodable-pb").encode() + b"\xff"
@@ -544,7 +335,7 @@ def _assert_keyed(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> 
 
 def test_fingerprints_are_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
     c = Canaries()
-    runs = build_runs(c)
+    runs = canary_runs(c)
     first, _, _ = replay_scanned(runs, c, b"key-one")
     second, _, _ = replay_scanned(runs, c, b"key-two")
     _assert_keyed(first, second)
