@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{replay['events']:,} events",
         ),
         (
-            "state per active run (JSON)",
+            "state per active run (serialized)",
             f"{replay['state_bytes_per_active_run']:,.0f} bytes",
             "target <= 2 KiB",
         ),

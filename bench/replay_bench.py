@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import resource
 import time
 from typing import Any
 
 from bench.corpus import export_messages
+from detectors.codec import encode_state
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.engine import Engine
@@ -43,15 +43,18 @@ def replay_engine(messages: list[bytes], policy_path: str) -> tuple[int, float, 
     return engine.stats.spans, time.perf_counter() - started, engine
 
 
-def state_bytes_per_run(messages: list[bytes], policy_path: str) -> float:
-    """Serialized (JSON) RunState size of the runs that are live mid-stream."""
+def state_sizes(messages: list[bytes], policy_path: str) -> list[int]:
+    """Serialized RunState sizes (the `runs` table's encoding, detectors.codec) of the runs
+    that are live mid-stream."""
     policy = load_policy(policy_path)
     engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
     for message in messages[: len(messages) // 2]:
         engine.feed(decode_proto(message))
-    sizes = [
-        len(json.dumps(state.to_dict(), separators=(",", ":"))) for state in engine.runs.values()
-    ]
+    return [len(encode_state(state)) for state in engine.runs.values()]
+
+
+def state_bytes_per_run(messages: list[bytes], policy_path: str) -> float:
+    sizes = state_sizes(messages, policy_path)
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 

@@ -64,6 +64,7 @@ from typing import Any, cast
 
 from alerts.events import build_event, event_id
 from detectors import run as pipeline
+from detectors.codec import decode_state, encode_state
 from detectors.errors import DecodeError
 from detectors.model import STEP_FIELDS, Step
 from detectors.policy import Policy
@@ -141,8 +142,8 @@ def key_partition(key: bytes, partitions: int) -> int:
 class Envelope:
     """A `runs` table value: a small header (what the deadline index needs) + the state.
 
-    Stored as ``<header JSON>\\n<RunState JSON>`` so that rebuilding the deadline index after
-    a rebalance parses only the headers.
+    Stored as ``<header JSON>\\n<RunState, detectors.codec>`` so that rebuilding the deadline
+    index after a rebalance parses only the headers.
     """
 
     partition: int
@@ -171,8 +172,7 @@ def encode_envelope(state: RunState, partition: int, seen_ns: int, first_ns: int
     env = Envelope(
         partition, seen_ns, first_ns, state.max_end_ns, state.root_end_ns, len(state.pending)
     )
-    body = json.dumps(state.to_dict(), separators=(",", ":")).encode("utf-8")
-    return env.header() + b"\n" + body
+    return env.header() + b"\n" + encode_state(state)
 
 
 def decode_header(raw: bytes) -> Envelope:
@@ -187,7 +187,7 @@ def decode_envelope(raw: bytes) -> tuple[Envelope, RunState]:
     raw = bytes(raw)
     env = decode_header(raw)
     _, _, body = raw.partition(b"\n")
-    return env, RunState.from_dict(json.loads(body))
+    return env, decode_state(body)
 
 
 def encode_finished(finished_ns: int, partition: int) -> bytes:
@@ -492,7 +492,7 @@ class RunDriver:
             key = run_id.encode("utf-8")
             try:
                 loaded = self._load(runs, key, run_id)
-            except (ValueError, KeyError, TypeError):
+            except (DecodeError, ValueError, KeyError, TypeError):
                 log.exception("runs table: unreadable state of run %s left alone", run_id)
                 loaded = None
             if deadline is None or loaded is None:

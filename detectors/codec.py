@@ -1,0 +1,601 @@
+"""Compact binary encoding of a RunState: the value of the worker's `runs` table, decoded and
+re-encoded for every batch a run receives (README "Performance": ≤ 2 KiB per active run).
+
+Format 2 (first byte 0x02):
+
+    0x02 | crc32 of the rest (u32 LE) | len(J) (u32 LE) | J | B
+
+J is a compact JSON array ``[kinds, strings, n_refs, *items]``; B holds the references into the
+string pool `strings` (u8, or u16 past 256 entries), then the binary columns.
+
+The state is written as columns: lists of like values (the dedup map's keys, the window's
+times, ...); records (window entries, detector map values, buffered steps) are transposed
+into columns. Each column takes the smallest exact encoding for what it holds, named by one
+character of `kinds`:
+
+    b h i q   ints as int8 / int16 / int32 / int64
+    r         span ids of the dedup map (written first) as their index there
+    x         equal-width lower-case hex strings (span ids, digests) as raw bytes
+              (item: byte width): half the size, and one C call each way
+    s S       other strings: references into the string pool (S: all new, no references)
+    n f z     all None / all False / bools, one byte each
+    l         lists: their lengths (item: one int when all equal), then their concatenated
+              items (one more column)
+    o         some None: a bit mask item, then the other values (one more column)
+    j         anything else, as the JSON item itself
+
+so a value the compact kinds cannot hold exactly still round-trips (as JSON): the kinds only
+decide the size. Rows of records are 't' (items n, m, then the columns) or 'j'. A single
+record (streak, last key) is JSON with its list fields as columns.
+
+A value starting with '{' is format 1, the JSON of RunState.to_dict() that earlier versions
+wrote: still read, and the run's next update writes it back in format 2. Anything else, or a
+value whose checksum, lengths or structure do not add up, raises DecodeError.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from functools import lru_cache
+from itertools import chain
+from operator import attrgetter
+from typing import Any, NamedTuple
+
+from detectors.errors import DecodeError
+from detectors.model import Step
+from detectors.state import (
+    WIN_ACTION,
+    WIN_CALL,
+    WIN_CODE,
+    WIN_EMPTY,
+    WIN_END,
+    WIN_OUTCOME,
+    WIN_POS,
+    WIN_SPAN,
+    WIN_START,
+    WIN_TOKENS,
+    WIN_TOOL,
+    RunState,
+)
+
+FORMAT_JSON = ord("{")  # format 1: RunState.to_dict() as JSON
+FORMAT_PACKED = 2
+
+_HEAD = struct.Struct("<BII")  # format, crc32, len(J)
+_INTS = (("b", 1 << 7), ("h", 1 << 15), ("i", 1 << 31), ("q", 1 << 63))  # (code, bound)
+_INT_SIZE = {"b": 1, "h": 2, "i": 4, "q": 8, "B": 1, "H": 2, "I": 4}
+_HEX_DIGITS = frozenset("0123456789abcdef")
+_JSON = json.JSONEncoder(separators=(",", ":"))  # ASCII: lone surrogates survive
+_INT_T, _STR_T, _BOOL_T, _LIST_T, _NONE_T = {int}, {str}, {bool}, {list}, {type(None)}
+
+# -- the state's fields, by how they are written (every field exactly once, see below)
+_PLAIN = (  # small ints and short strings: JSON is already compact for them
+    "v",
+    "spans",
+    "duplicate_spans",
+    "late_spans",
+    "conflicts",
+    "forced_releases",
+    "released_seq",
+    "position",
+    "action_steps",
+    "tool_calls",
+    "tokens",
+    "prompt_version",
+    "agent_name",
+    "service_name",
+    "session_id",
+    "task_type",
+    "distinct_actions",
+    "reduction_epoch",
+    "last_llm_input",
+    "parallel_duplicate_calls",
+    "termination",
+    "current_agent",
+    "budgets_fired",
+    "fired",
+    "shapes",
+    "trigger_ns",
+)
+_TIMES = ("max_end_ns", "start_ns", "last_end_ns", "root_end_ns", "guard_ns")
+_FLAGS = (
+    "unresolved_overflow",
+    "progress_observed",
+    "side_effect_committed",
+    "root_seen",
+    "root_error",
+    "tool_after_guard",
+    "finalized",
+)
+_BLOOMS = ("seen_bloom", "distinct_bloom", "item_bloom")
+_MAPS = ("terminal", "plans", "edges", "docs", "ledger")  # fingerprint/edge -> record
+
+
+class _Layout(NamedTuple):
+    """Which columns of an m-long record are written together (each index exactly once)."""
+
+    width: int
+    groups: tuple[tuple[int, ...], ...]
+
+
+_WINDOW = _Layout(
+    WIN_TOKENS + 1,
+    (
+        (WIN_START, WIN_END),  # int64
+        (WIN_POS, WIN_TOKENS),  # small ints
+        (WIN_ACTION, WIN_OUTCOME),  # hex digests: raw bytes
+        (WIN_SPAN,),  # in the dedup map
+        (WIN_TOOL, WIN_CALL),  # names and call ids: pooled strings
+        (WIN_CODE,),  # mostly None
+        (WIN_EMPTY,),
+    ),
+)
+_DOCS = _Layout(6, ((0, 1, 3, 4), (2,), (5,)))  # context_collapse: counts; span ids; call ids
+_LAYOUTS = {"docs": _DOCS}
+
+_get_plain, _get_times, _get_flags = (attrgetter(*names) for names in (_PLAIN, _TIMES, _FLAGS))
+_SPECIAL = ("run_id", "trace_id", "dedup", "pending", "last_key", "unresolved", "window", "streak")
+
+
+def encode_state(state: RunState) -> bytes:
+    """The state in format 2 (exact: decode_state gives an equal RunState back)."""
+    w = _Writer()
+    w.column([state.run_id])
+    w.item(None if state.trace_id == state.run_id else state.trace_id)  # usually equal
+    w.item(_get_plain(state))
+    w.column(list(_get_times(state)))
+    w.column(list(_get_flags(state)))
+    for name in _BLOOMS:
+        w.bigint(getattr(state, name))
+    w.item(len(state.dedup))
+    w.column(list(state.dedup.values()))
+    keys = list(state.dedup)
+    w.column(keys)
+    w.ids = dict(zip(keys, range(len(keys)), strict=True))  # later span ids refer to these
+    w.rows(state.window, _WINDOW)
+    w.record(state.last_key)
+    w.record(state.streak)
+    for name in _MAPS:
+        w.mapping(getattr(state, name), _LAYOUTS.get(name))
+    w.item(len(state.unresolved))
+    w.column(state.unresolved)
+    w.rows([step.to_list() for step in state.pending])
+    return w.finish()
+
+
+def decode_state(data: bytes) -> RunState:
+    """A state from either format. Raises DecodeError for anything else."""
+    data = bytes(data)
+    if not data:
+        raise DecodeError("run state: empty value")
+    fmt = data[0]
+    if fmt not in (FORMAT_JSON, FORMAT_PACKED):
+        raise DecodeError(f"run state: unknown format byte 0x{fmt:02x} ({len(data)} bytes)")
+    try:
+        if fmt == FORMAT_JSON:
+            return _decode_json(data)
+        return _decode_packed(data)
+    except DecodeError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, StopIteration) as exc:
+        # (struct.error, JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        kind = "JSON" if fmt == FORMAT_JSON else "packed"
+        raise DecodeError(
+            f"run state: corrupt {kind} value ({len(data)} bytes): {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _decode_json(data: bytes) -> RunState:
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise DecodeError("run state: JSON value is not an object")
+    return RunState.from_dict(doc)
+
+
+def _decode_packed(data: bytes) -> RunState:
+    r = _Reader(data)
+    fields: dict[str, Any] = {"run_id": r.column(1)[0]}
+    trace_id = r.item()
+    fields["trace_id"] = fields["run_id"] if trace_id is None else trace_id
+    fields.update(zip(_PLAIN, r.sized_item(len(_PLAIN)), strict=True))
+    fields.update(zip(_TIMES, r.column(len(_TIMES)), strict=True))
+    fields.update(zip(_FLAGS, r.column(len(_FLAGS)), strict=True))
+    for name in _BLOOMS:
+        fields[name] = r.bigint()
+    n = r.count()
+    digests = r.column(n)
+    r.ids = r.column(n)
+    fields["dedup"] = dict(zip(r.ids, digests, strict=True))
+    fields["window"] = r.rows(_WINDOW)
+    fields["last_key"] = r.record()
+    fields["streak"] = r.record()
+    for name in _MAPS:
+        fields[name] = r.mapping(_LAYOUTS.get(name))
+    fields["unresolved"] = r.column(r.count())
+    fields["pending"] = [Step.from_list(values) for values in r.rows()]
+    r.done()
+    return RunState(**fields)
+
+
+class _Writer:
+    __slots__ = ("kinds", "items", "data", "strs", "refs", "ids")
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+        self.items: list[Any] = []
+        self.data: list[bytes] = []
+        self.strs: dict[str, int] = {}  # string pool: entry -> index, in first-seen order
+        self.refs: list[int] = []
+        self.ids: dict[str, int] = {}  # the dedup map's span ids, see _strs
+
+    def item(self, value: Any) -> None:
+        self.items.append(value)
+
+    def finish(self) -> bytes:
+        text = _JSON.encode(["".join(self.kinds), list(self.strs), len(self.refs), *self.items])
+        j = text.encode("ascii")
+        body = b"".join([j, _pack_refs(self.refs, len(self.strs)), *self.data])
+        return _HEAD.pack(FORMAT_PACKED, zlib.crc32(body), len(j)) + body
+
+    # -- columns: a list of values whose length the reader knows from elsewhere
+
+    def column(self, values: list[Any]) -> None:
+        types = set(map(type, values))
+        if types == _STR_T:
+            self._strs(values)
+            return
+        if types == _INT_T:
+            lo, hi = min(values), max(values)
+            for code, bound in _INTS:
+                if -bound <= lo and hi < bound:
+                    self.kinds.append(code)
+                    self.data.append(_struct(len(values), code).pack(*values))
+                    return
+        elif types == _BOOL_T:
+            if any(values):
+                self.kinds.append("z")
+                self.data.append(bytes(values))
+            else:
+                self.kinds.append("f")
+            return
+        elif types == _NONE_T or not types:
+            self.kinds.append("n")  # (an empty column writes nothing)
+            return
+        elif types == _LIST_T:
+            self.kinds.append("l")
+            lengths = list(map(len, values))
+            self.items.append(lengths[0] if lengths.count(lengths[0]) == len(lengths) else lengths)
+            self.column(list(chain.from_iterable(values)))
+            return
+        elif len(types) == 2 and type(None) in types:
+            self.kinds.append("o")
+            self.items.append(sum(1 << i for i, v in enumerate(values) if v is None))
+            self.column([v for v in values if v is not None])
+            return
+        self.kinds.append("j")  # floats, mixed types, ints wider than int64: JSON, exact
+        self.items.append(values)
+
+    def _strs(self, values: list[str]) -> None:
+        if self.ids:  # span ids already in the dedup map: a one-byte index each
+            found = list(map(self.ids.get, values))
+            if None not in found:
+                self.kinds.append("r")
+                self.data.append(_pack_refs(found, len(self.ids)))
+                return
+        width = len(values[0])
+        if width and width % 2 == 0 and _HEX_DIGITS.issuperset(values[0]):
+            # One space between values: the round trip through bytes then proves that every
+            # value is exactly `width` lower-case hex digits (fromhex skips the spaces, hex()
+            # puts them back every width/2 bytes).
+            joined = " ".join(values)
+            try:
+                raw = bytes.fromhex(joined)
+            except ValueError:
+                raw = b""
+            if raw and raw.hex(" ", width // 2) == joined:
+                self.kinds.append("x")
+                self.items.append(width // 2)
+                self.data.append(raw)
+                return
+        pool = self.strs
+        start = len(pool)
+        indexes = [pool.setdefault(v, len(pool)) for v in values]
+        if len(pool) - start == len(values):
+            self.kinds.append("S")  # all new and distinct: the reader knows which
+        else:
+            self.kinds.append("s")
+            self.refs.extend(indexes)
+
+    # -- composite values
+
+    def bigint(self, value: int) -> None:
+        """A non-negative int (bloom filter bits) as raw little-endian bytes."""
+        if type(value) is int and value >= 0:
+            size = (value.bit_length() + 7) // 8
+            self.items.append(size)
+            self.data.append(value.to_bytes(size, "little"))
+        else:
+            self.items.append(-1)
+            self.items.append(value)
+
+    def rows(self, rows: list[Any], layout: _Layout | None = None) -> None:
+        """Records (lists of one length m) as columns; anything else as JSON. `layout` joins
+        columns of like values into one (fewer, longer columns: the per-column cost is
+        Python's, the per-value cost C's); it applies when the records are m long."""
+        m = len(rows[0]) if rows and type(rows[0]) is list else 0
+        if not rows:
+            self.kinds.append("t")
+            self.items.append(0)
+        elif m and set(map(type, rows)) == _LIST_T and set(map(len, rows)) == {m}:
+            self.kinds.append("t")
+            self.items.append(len(rows))
+            self.items.append(m)
+            columns = list(zip(*rows, strict=True))
+            if layout is None or layout.width != m:
+                for values in columns:
+                    self.column(list(values))
+            else:
+                for group in layout.groups:
+                    self.column(list(chain.from_iterable(map(columns.__getitem__, group))))
+        else:
+            self.kinds.append("j")
+            self.items.append(rows)
+
+    def record(self, record: list[Any] | None) -> None:
+        """One record (streak, last key): JSON, but its list fields (span and call ids) as
+        columns. A column per scalar would cost more time than it saves bytes."""
+        if type(record) is not list:
+            self.items.append(record)  # None (or anything else: JSON)
+            return
+        lists = [i for i, v in enumerate(record) if type(v) is list]
+        self.items.append([len(v) if type(v) is list else v for v in record])
+        self.items.append(lists)
+        for i in lists:
+            self.column(record[i])
+
+    def mapping(self, mapping: dict[str, Any], layout: _Layout | None = None) -> None:
+        self.items.append(len(mapping))
+        if mapping:
+            self.column(list(mapping))
+            self.rows(list(mapping.values()), layout)
+
+
+class _Reader:
+    __slots__ = (
+        "kinds",
+        "k",
+        "items",
+        "i",
+        "data",
+        "off",
+        "strs",
+        "refs",
+        "ref_at",
+        "fresh",
+        "ids",
+    )
+
+    def __init__(self, data: bytes) -> None:
+        if len(data) < _HEAD.size:
+            raise DecodeError(f"run state: truncated packed value ({len(data)} bytes)")
+        _fmt, crc, j_len = _HEAD.unpack_from(data)
+        body = data[_HEAD.size :]
+        if zlib.crc32(body) != crc:
+            raise DecodeError(
+                f"run state: checksum mismatch, corrupt or truncated value ({len(data)} bytes)"
+            )
+        if j_len > len(body):
+            raise DecodeError(f"run state: header length {j_len} past the end ({len(data)} bytes)")
+        head = json.loads(body[:j_len])
+        if not isinstance(head, list) or len(head) < 3:
+            raise DecodeError("run state: packed header is not [kinds, strings, n_refs, ...]")
+        kinds, strs, n_refs = head[:3]
+        if not isinstance(kinds, str) or not isinstance(strs, list) or type(n_refs) is not int:
+            raise DecodeError("run state: packed header has the wrong types")
+        self.kinds: str = kinds
+        self.k = 0
+        self.items: list[Any] = head[3:]
+        self.i = 0
+        self.data = body
+        self.off = j_len
+        self.strs: list[Any] = strs
+        code = _ref_code(len(strs))
+        self.refs = _struct(n_refs, code).unpack(self.take(n_refs * _INT_SIZE[code]))
+        self.ref_at = 0
+        self.fresh = 0  # string pool entries used so far (they are numbered in first use)
+        self.ids: list[str] = []  # the dedup map's span ids, once read
+
+    def take(self, size: int) -> bytes:
+        end = self.off + size
+        if size < 0 or end > len(self.data):
+            raise DecodeError(
+                f"run state: truncated column data (need {size} bytes at {self.off}, "
+                f"have {len(self.data) - self.off})"
+            )
+        chunk = self.data[self.off : end]
+        self.off = end
+        return chunk
+
+    def refs_of(self, count: int, pool_size: int) -> tuple[int, ...]:
+        code = _ref_code(pool_size)
+        return struct.unpack(f"<{count}{code}", self.take(count * struct.calcsize(code)))
+
+    def kind(self) -> str:
+        kind = self.kinds[self.k]
+        self.k += 1
+        return kind
+
+    def item(self) -> Any:
+        value = self.items[self.i]
+        self.i += 1
+        return value
+
+    def count(self) -> int:
+        n = self.item()
+        if type(n) is not int or n < 0:
+            raise DecodeError(f"run state: bad count {n!r}")
+        return n
+
+    def sized_item(self, n: int) -> list[Any]:
+        value = self.item()
+        if not isinstance(value, list) or len(value) != n:
+            raise DecodeError(f"run state: expected a list of {n} values")
+        return value
+
+    def done(self) -> None:
+        left = (len(self.kinds) - self.k, len(self.items) - self.i, len(self.data) - self.off)
+        if any(left):
+            raise DecodeError(f"run state: trailing data (kinds, items, bytes) {left}")
+        if self.ref_at != len(self.refs):
+            raise DecodeError("run state: unused string pool references")
+
+    # -- columns
+
+    def column(self, n: int) -> list[Any]:
+        kind = self.kinds[self.k]
+        self.k += 1
+        if kind in _INT_SIZE:
+            return list(_struct(n, kind).unpack(self.take(n * _INT_SIZE[kind])))
+        if kind == "r":
+            code = _ref_code(len(self.ids))
+            indexes = _struct(n, code).unpack(self.take(n * _INT_SIZE[code]))
+            return list(map(self.ids.__getitem__, indexes))  # IndexError if bad
+        if kind == "x":
+            width = self.count()
+            if n == 0:
+                return []
+            if width == 0:
+                raise DecodeError("run state: hex column of width 0")
+            return self.take(n * width).hex(" ", width).split(" ")
+        if kind == "s" or kind == "S":
+            return self._strings(n, kind == "S")
+        if kind == "n":
+            return [None] * n
+        if kind == "f":
+            return [False] * n
+        if kind == "z":
+            return list(map(bool, self.take(n)))
+        if kind == "l":
+            return self._lists(n)
+        if kind == "o":
+            return self._optional(n)
+        if kind == "j":
+            return self.sized_item(n)
+        raise DecodeError(f"run state: unknown column kind {kind!r}")
+
+    def _strings(self, n: int, fresh: bool) -> list[Any]:
+        if fresh:  # the next n pool entries, first used here
+            start = self.fresh
+            self.fresh = start + n
+            values = self.strs[start : start + n]
+        else:
+            at = self.ref_at
+            indexes = self.refs[at : at + n]
+            self.ref_at = at + n
+            if len(indexes) < n:
+                raise DecodeError("run state: string pool references run out")
+            values = list(map(self.strs.__getitem__, indexes))  # IndexError if bad
+            if indexes:
+                self.fresh = max(self.fresh, max(indexes) + 1)
+        if len(values) != n:
+            raise DecodeError("run state: string pool entries run out")
+        return values
+
+    def _lists(self, n: int) -> list[Any]:
+        lengths = self.item()
+        if type(lengths) is int:
+            lengths = [lengths] * n
+        if not isinstance(lengths, list) or len(lengths) != n:
+            raise DecodeError("run state: list lengths do not match their column")
+        if any(type(m) is not int or m < 0 for m in lengths):
+            raise DecodeError("run state: bad list lengths")
+        flat = self.column(sum(lengths))
+        out, at = [], 0
+        for m in lengths:
+            out.append(flat[at : at + m])
+            at += m
+        return out
+
+    def _optional(self, n: int) -> list[Any]:
+        mask = self.count()
+        if mask >> n:
+            raise DecodeError("run state: None mask wider than its column")
+        present = iter(self.column(n - mask.bit_count()))
+        return [None if mask >> i & 1 else next(present) for i in range(n)]
+
+    # -- composite values
+
+    def bigint(self) -> int:
+        size = self.item()
+        if size == -1:
+            value: int = self.item()
+            return value
+        if type(size) is not int or size < 0:
+            raise DecodeError(f"run state: bad integer size {size!r}")
+        return int.from_bytes(self.take(size), "little")
+
+    def rows(self, layout: _Layout | None = None) -> list[Any]:
+        kind = self.kind()
+        if kind == "j":
+            value = self.item()
+            if not isinstance(value, list):
+                raise DecodeError("run state: rows are not a list")
+            return value
+        if kind != "t":
+            raise DecodeError(f"run state: unknown rows kind {kind!r}")
+        n = self.count()
+        if n == 0:
+            return []
+        m = self.count()
+        if layout is None or layout.width != m:
+            columns = [self.column(n) for _ in range(m)]
+        else:
+            columns = [[]] * m
+            for group in layout.groups:
+                values = self.column(n * len(group))
+                for j, i in enumerate(group):
+                    columns[i] = values[j * n : (j + 1) * n]
+        return list(map(list, zip(*columns, strict=True)))
+
+    def record(self) -> Any:
+        record = self.item()
+        if type(record) is not list:
+            return record
+        for i in self.item():
+            n = record[i]
+            if type(n) is not int or n < 0:
+                raise DecodeError(f"run state: bad list length {n!r} in a record")
+            record[i] = self.column(n)
+        return record
+
+    def mapping(self, layout: _Layout | None = None) -> dict[str, Any]:
+        n = self.count()
+        if n == 0:
+            return {}
+        keys = self.column(n)
+        values = self.rows(layout)
+        if len(values) != n:
+            raise DecodeError("run state: map keys and values differ in number")
+        return dict(zip(keys, values, strict=True))
+
+
+def _ref_code(pool_size: int) -> str:
+    return "B" if pool_size <= 1 << 8 else "H" if pool_size <= 1 << 16 else "I"
+
+
+def _pack_refs(refs: list[Any], pool_size: int) -> bytes:
+    return _struct(len(refs), _ref_code(pool_size)).pack(*refs)
+
+
+@lru_cache(maxsize=1024)
+def _struct(n: int, code: str) -> struct.Struct:
+    return struct.Struct(f"<{n}{code}")
+
+
+# Every RunState field is written by exactly one of the groups above: a field added to
+# RunState without a place here would silently not survive a restart.
+_WRITTEN = (*_PLAIN, *_TIMES, *_FLAGS, *_BLOOMS, *_MAPS, *_SPECIAL)
+if sorted(_WRITTEN) != sorted(RunState.__dataclass_fields__):
+    raise AssertionError("detectors.codec: RunState fields and the codec's groups differ")
