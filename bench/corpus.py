@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
 
-BASE_NS = 1_796_040_000_000_000_000
+BASE_NS = 1_790_040_000_000_000_000  # 2026-09-22, in the past (future spans are invalid)
 TOOLS = ("lookup_order", "search_cases", "get_customer", "get_export_status", "search_kb")
 
 

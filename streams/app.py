@@ -77,7 +77,7 @@ from detectors.state import (
     WIN_TOOL,
     RunState,
 )
-from streams.normalize import Normalizer
+from streams.normalize import STEP_ERRORS, Normalizer
 from streams.otlp import decode_record
 
 log = logging.getLogger("loopwatch.worker")
@@ -598,7 +598,7 @@ def group_steps(normalizer: Normalizer, spans: Iterable[Any]) -> tuple[dict[str,
     for span in spans:
         try:
             step = step_of(span)
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        except STEP_ERRORS:
             invalid += 1
             continue
         by_run.setdefault(step.run_id, []).append(step)

@@ -22,7 +22,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
-from streams.normalize import Normalizer
+from streams.normalize import STEP_ERRORS, Normalizer
 from streams.spans import SpanRecord
 
 MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go to "(other)"
@@ -95,14 +95,7 @@ class Engine:
             self.stats.spans += 1
             try:
                 step = step_of(span)
-            except (
-                ValueError,
-                TypeError,
-                KeyError,
-                AttributeError,
-                OverflowError,
-                RecursionError,
-            ) as exc:
+            except STEP_ERRORS as exc:
                 self.stats.invalid_spans += 1
                 if self.on_invalid is not None:
                     self.on_invalid(

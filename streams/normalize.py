@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import zlib
 from typing import Any
 
@@ -17,6 +18,9 @@ from detectors.policy import Policy, ToolContract
 from streams.spans import STATUS_ERROR, SpanRecord
 
 MAX_ITEMS = 64
+# A span ending more than a day after the wall clock is a broken clock or forged input:
+# it would drag replay's watermark (and every run's lateness and finalization) with it.
+MAX_FUTURE_NS = 24 * 3600 * 10**9
 MAX_CODE_LEN = 64
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
 _AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
@@ -99,6 +103,10 @@ def _short_code(value: Any) -> str | None:
     if not _CODE_LIKE(code):
         return "error"  # a sentence is customer text, not a code: never copy it
     return code.lower()
+
+
+# What Normalizer.step raises for a span it cannot map (the caller counts and skips it).
+STEP_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
 
 
 _OLL_ENVELOPE_KEYS = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
@@ -293,6 +301,9 @@ class Normalizer:
         return info
 
     def step(self, span: SpanRecord) -> Step:
+        """The span as a Step; raises one of STEP_ERRORS for a span that cannot be one."""
+        if span.end_ns > time.time_ns() + MAX_FUTURE_NS:
+            raise ValueError("span ends more than a day in the future")
         v = self._view(span.attributes)
         res = self._resource(span.resource)
         kind = self._classify(span, v)

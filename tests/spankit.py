@@ -12,7 +12,8 @@ from detectors.policy import Policy, policy_from_mapping
 from streams.engine import Engine
 from streams.spans import STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanEvent, SpanRecord
 
-BASE_NS = 1_796_000_000_000_000_000  # 2026-11-29-ish
+# In the past: spans ending over a day after the wall clock are rejected as invalid.
+BASE_NS = 1_790_000_000_000_000_000  # 2026-09-21
 MS = 1_000_000
 
 EXAMPLE_POLICY: dict[str, Any] = {

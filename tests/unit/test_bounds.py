@@ -446,3 +446,32 @@ def test_pending_overflow_forces_releases_and_loses_nothing(max_pending: int, mo
     assert not state.pending
     assert sink.last_summary is not None
     assert sink.last_summary["steps"] == steps and sink.last_summary["tool_calls"] == steps
+
+
+# ---------------------------------------------------------------- absurd clocks
+
+
+@pytest.mark.parametrize("end_ns", [2**64 - 1, time.time_ns() + 2 * 24 * 3600 * 10**9])
+def test_far_future_span_is_invalid_and_other_runs_keep_their_summaries(end_ns: int) -> None:
+    """A span ending more than a day after the wall clock would drag replay's watermark:
+    every other run would be finalized, late or idle by it. It is counted invalid instead."""
+
+    def summaries(with_bad_span: bool) -> tuple[list[dict[str, Any]], Engine]:
+        sink = Sink()
+        seen: list[dict[str, Any]] = []
+        eng = Engine(pol, Fingerprinter(b"bounds-key"), sink.event, seen.append)
+        for i, spans in enumerate(tiny_runs_batches(300, batch=30)):
+            if with_bad_span and i == 3:
+                bad = tool_span("ab" * 16, 999_999, BASE_NS, args={"q": "x"}, dur=MS)
+                bad.end_ns = end_ns
+                spans = [*spans[:10], bad, *spans[10:]]
+            eng.feed(spans)
+        eng.close()
+        return seen, eng
+
+    pol = policy()
+    clean, _ = summaries(False)
+    dirty, eng = summaries(True)
+    assert eng.stats.invalid_spans == 1
+    assert len(clean) == 300
+    assert dirty == clean  # same runs, same outcomes, same order
