@@ -1067,6 +1067,9 @@ class LoopwatchService:
                     for run_id, steps in by_run.items():
                         groups.setdefault((message.partition, run_id), []).append((event, steps))
                     continue
+                # Counted like input records: the stall alert pairs each topic's lag with
+                # its consumed records, and lag is exported for the steps topic too.
+                self.metrics.record_consumed(message.topic)
                 value = message.value
                 if value is not None and bytes(value[:1]) == TICK_VALUE_PREFIX:
                     ticks[message.partition] = event

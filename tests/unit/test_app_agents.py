@@ -112,6 +112,10 @@ async def test_ingest_then_detect_publishes_before_writing_state(service: Any) -
     await service.detect_batch(events)
     shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
     assert shapes == ["identical_repetition"] * 3
+    consumed = service.metrics.registry.get_sample_value(
+        "loopwatch_records_consumed_total", {"topic": "loopwatch-steps"}
+    )
+    assert consumed == len(sent)  # the stall alert needs the steps topic's progress too
     first_write = service.log.index(("write", "runs"))
     assert all(entry == ("send", "events") for entry in service.log[:first_write])
     assert len(service.runs) == 3
