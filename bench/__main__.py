@@ -99,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
 
         one = e2e_bench.throughput(args.e2e_spans, workers=1)
         two = e2e_bench.throughput(args.e2e_spans, workers=2)
+        keyed = e2e_bench.throughput(args.e2e_spans, workers=1, keyed=True)
         lat = e2e_bench.latency(args.latency_rate, args.latency_seconds)
         mem = e2e_bench.memory(tuple(int(x) for x in args.worker_runs.split(",")))
         results["e2e"] = {
             "one_worker": one,
             "two_workers": two,
+            "one_worker_keyed": keyed,
             "latency": lat,
             "worker_memory": mem,
         }
@@ -122,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                 "worker / bare consume+decode",
                 f"{one['worker_spans_per_s'] / one['bare_consume_decode_spans_per_s']:.0%}",
                 "",
+            ),
+            (
+                "worker, backlog, 1 process, trace-keyed input (no hop)",
+                f"{keyed['worker_spans_per_s']:,.0f} spans/s",
+                f"x{keyed['worker_spans_per_s'] / one['worker_spans_per_s']:.2f} vs unkeyed",
             ),
             (
                 "worker, 2 processes, 4 partitions",

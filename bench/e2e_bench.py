@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.engine import Engine
 from streams.otlp import decode_proto
+from streams.produce import split_by_trace
 from tests.integration.worker_support import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
 from tests.kafka_support import bootstrap, create_topics
 
@@ -41,9 +43,10 @@ def _produce(
     messages: list[bytes],
     rate_spans: float | None = None,
     spans_per_msg: list[int] | None = None,
+    keys: list[bytes] | None = None,
 ) -> list[float]:
-    """Produce messages (unkeyed, as the collector's default); returns each send's wall time.
-    With `rate_spans`, pace sends to that many spans per second."""
+    """Produce messages (unkeyed, as the collector's default, unless `keys`); returns each
+    send's wall time. With `rate_spans`, pace sends to that many spans per second."""
     producer = Producer(
         {"bootstrap.servers": bootstrap(), "linger.ms": 5, "log_level": 0, "acks": "all"}
     )
@@ -58,7 +61,7 @@ def _produce(
                 time.sleep(delay)
             spans_so_far += spans_per_msg[i]
         sent.append(time.time())
-        producer.produce(topic, value=message)
+        producer.produce(topic, value=message, key=keys[i] if keys else None)
         producer.poll(0)
     producer.flush(60)
     return sent
@@ -135,13 +138,30 @@ def bare_consume_decode(topic: str, n_messages: int) -> float:
     return spans / elapsed
 
 
-def throughput(total_spans: int, workers: int = 1) -> dict[str, Any]:
-    """Pre-produce the corpus, start the worker(s), time until every record is processed."""
+def keyed_by_trace(messages: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """The messages as the Collector's kafkaexporter sends them with partition_traces_by_id:
+    one record per (resource, scope, trace), keyed by the hex trace id."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for message in messages:
+        for key, piece in split_by_trace(ExportTraceServiceRequest.FromString(message)):
+            keys.append(key)
+            values.append(piece.SerializeToString())
+    return keys, values
+
+
+def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[str, Any]:
+    """Pre-produce the corpus, start the worker(s), time until every record is processed.
+    `keyed`: records split and keyed by trace id, worker in keyed mode (no hop)."""
     past = time.time_ns() - 3_600_000_000_000  # an hour ago: no waiting on allowed lateness
     messages = list(export_messages(total_spans, seed=21, base_ns=past, run_spacing_ns=50_000_000))
     expected_events, _, counts = _replay_expectation(messages)
+    keys: list[bytes] | None = None
+    if keyed:
+        keys, messages = keyed_by_trace(messages)
+    mode = {"LOOPWATCH_INPUT_KEYED_BY_RUN": "true"} if keyed else {}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [_worker(Path(tmp) / f"w{i}") for i in range(workers)]
+        procs = [_worker(Path(tmp) / f"w{i}", **mode) for i in range(workers)]
         for i, proc in enumerate(procs[1:], 1):  # same app, topics and group as the first
             proc.env.update(
                 {
@@ -155,7 +175,7 @@ def throughput(total_spans: int, workers: int = 1) -> dict[str, Any]:
         for proc in procs:
             proc.workdir.mkdir(parents=True, exist_ok=True)
         create_topics([procs[0].topics["input"]], PARTITIONS)
-        _produce(procs[0].topics["input"], messages)
+        _produce(procs[0].topics["input"], messages, keys=keys)
         try:
             for proc in procs:
                 proc.start()
@@ -172,6 +192,7 @@ def throughput(total_spans: int, workers: int = 1) -> dict[str, Any]:
     spans = sum(counts)
     return {
         "workers": workers,
+        "keyed": keyed,
         "spans": spans,
         "records": len(messages),
         "worker_spans_per_s": spans / (max(done, events_done) - started),
@@ -272,8 +293,6 @@ _RUNS_PER_RECORD = 200
 
 
 def _tiny_runs(first: int, count: int) -> list[bytes]:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
     from bench.corpus import _kv
 
     past = time.time_ns() - 3_600_000_000_000
