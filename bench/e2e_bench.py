@@ -268,8 +268,15 @@ def latency(rate_spans: float, seconds: float) -> dict[str, Any]:
     }
 
 
+_MEMORY_CHUNK = 10_000
+
+
 def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
-    """Worker RSS after N tiny finished runs (root + one tool span each) passed through."""
+    """Worker RSS after N tiny finished runs (root + one tool span each) passed through.
+
+    Runs arrive in chunks of 10k, each produced once the previous one is processed (a
+    steady stream at the worker's capacity, not one burst whose output backlog would be
+    measured instead); RSS is read after the outputs are flushed (5 s settle)."""
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         worker = _worker(Path(tmp), LOOPWATCH_FINISHED_TTL_SECONDS="60")
@@ -279,10 +286,12 @@ def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
             worker.wait_ready(120)
             done = 0
             for target in runs_checkpoints:
-                batch = _tiny_runs(done, target - done)
-                _produce(worker.topics["input"], batch)
-                _wait_health(worker, "runs_finished", target, 1800)
-                done = target
+                while done < target:
+                    step = min(_MEMORY_CHUNK, target - done)
+                    _produce(worker.topics["input"], _tiny_runs(done, step))
+                    done += step
+                    _wait_health(worker, "runs_finished", done, 1800)
+                time.sleep(5)
                 out[str(target)] = round(_rss_mib(worker.proc.pid), 1) if worker.proc else 0.0
         finally:
             worker.cleanup()

@@ -14,6 +14,7 @@ from streams.app import (
     BadRequest,
     aggregate_key,
     check_bearer,
+    dead_letter_key,
     dead_letter_record,
     merge_rows,
     parse_by,
@@ -162,3 +163,18 @@ def test_dead_letter_carries_a_digest_not_the_payload() -> None:
         capture_payload=False,
     )
     assert json.loads(value)["payload_length"] == 0
+
+
+def test_dead_letter_key_keeps_trace_ids_and_digests_anything_else() -> None:
+    trace_key = b"0af7651916cd43dd8448eb211c80319c"
+    assert dead_letter_key(trace_key, capture_payload=False) == trace_key
+    assert dead_letter_key(None, capture_payload=False) is None
+    secret = b"customer@example.com"
+    digested = dead_letter_key(secret, capture_payload=False)
+    assert digested == hashlib.sha256(secret).hexdigest().encode()
+    assert digested == dead_letter_key(secret, capture_payload=False)  # same partition
+    assert (
+        dead_letter_key(b"0AF7651916CD43DD8448EB211C80319C", False)
+        != b"0AF7651916CD43DD8448EB211C80319C"
+    )
+    assert dead_letter_key(secret, capture_payload=True) == secret  # the operator opted in
