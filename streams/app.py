@@ -78,6 +78,7 @@ from detectors.state import (
     WIN_TOOL,
     RunState,
 )
+from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import STEP_ERRORS, Normalizer
 from streams.otlp import decode_record
 
@@ -870,6 +871,10 @@ class LoopwatchService:
         self.started = time.time()
         self.ready = False
         self.tick_sent: dict[int, float] = {}
+        # Unkeyed input: deadlines wait for the group's progress through every input
+        # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
+        self.input_clock: InputClock | None = None if self.keyed else InputClock(time.time_ns())
+        self._input_probe: KafkaInputProbe | None = None
         self.counters = {
             "records": 0,
             "spans": 0,
@@ -1140,7 +1145,7 @@ class LoopwatchService:
         for partition, event in ticks.items():
             self.tick_sent.pop(partition, None)
             try:
-                out = self.driver.tick(self.runs, self.finished, partition, time.time_ns())
+                out = self.driver.tick(self.runs, self.finished, partition, self.clock_ns())
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue
@@ -1224,19 +1229,42 @@ class LoopwatchService:
         async def lag() -> None:
             self.update_lag()
 
+        async def input_clock() -> None:
+            await self.advance_input_clock()
+
         async def trim() -> None:
             release_free_memory()
 
         self.app.timer(interval=self.settings.tick_seconds, name="loopwatch-ticks")(ticks)
         self.app.timer(interval=5.0, name="loopwatch-lag")(lag)
+        if self.input_clock is not None:
+            self.app.timer(interval=self.settings.tick_seconds, name="loopwatch-input-clock")(
+                input_clock
+            )
         self.app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
+
+    def clock_ns(self) -> int:
+        """Now, for run deadlines: the wall clock, held back to the input clock."""
+        now = time.time_ns()
+        return now if self.input_clock is None else min(now, self.input_clock.now_ns)
+
+    async def advance_input_clock(self) -> None:
+        if self.input_clock is None:
+            return
+        if self._input_probe is None:
+            s = self.settings
+            self._input_probe = KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic)
+        at = time.time_ns()
+        offsets = await asyncio.get_running_loop().run_in_executor(None, self._input_probe.read)
+        if offsets is not None:
+            self.input_clock.observe(at, *offsets)
 
     async def send_ticks(self) -> None:
         if not self.ready:
             return
         now = time.time()
         assigned = self.assigned_partitions()
-        for partition in sorted(self.driver.due_partitions(time.time_ns())):
+        for partition in sorted(self.driver.due_partitions(self.clock_ns())):
             if partition not in assigned:
                 continue
             sent = self.tick_sent.get(partition)
@@ -1388,6 +1416,11 @@ class LoopwatchService:
             "state_writes": self.driver.state_writes,
             "input_topic": self.settings.input_topic,
             "keyed_input": self.keyed,
+            "input_clock_behind_seconds": (
+                None
+                if self.input_clock is None
+                else round(max(0, time.time_ns() - self.input_clock.now_ns) / NS, 1)
+            ),
             "app_id": self.settings.app_id,
             "uptime_seconds": round(time.time() - self.started, 1),
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
-from streams.app import build_app
+from streams.app import Deadline, build_app
+from streams.input_clock import InputClock
 from streams.settings import WorkerSettings
 from tests.otlp_build import encode_request
 from tests.spankit import Run
@@ -176,3 +178,37 @@ async def test_ticks_finalize_due_runs(service: Any) -> None:
     assert run.trace_id.encode() not in service.runs
     assert run.trace_id.encode() in service.finished
     assert sum(service.run_counts.values()) == 1
+
+
+async def test_unkeyed_finalization_waits_for_the_input_backlog(service: Any) -> None:
+    """The root arrived, its grace passed on the wall clock, but the group has not yet
+    processed every input record that existed meanwhile: the run is not finalized."""
+    run = looping_run(8)
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.steps_topic.sent
+    p = msg["partition"]
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    now = time.time_ns()
+    due_at = now - 5 * 10**9  # due by the wall clock
+    service.driver.index.set(run.trace_id, Deadline(p, due_at - 1, None, due_at))
+    clock = service.input_clock = InputClock(start_ns=now - 10 * 10**9)
+    clock.observe(due_at + 1, {0: 500, 1: 20}, {0: 120, 1: 20})  # partition 0 behind
+    assert service.clock_ns() < due_at and clock.behind == 1
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
+    assert service.runs_topic.sent == []  # held: spans may wait in partition 0's backlog
+    clock.observe(due_at + 2, {0: 510, 1: 20}, {0: 500, 1: 20})  # first snapshot reached
+    assert clock.now_ns == due_at + 1 and clock.behind == 1
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 2, None, b'{"tick":2}'))])
+    (summary,) = [json.loads(m["value"]) for m in service.runs_topic.sent]
+    assert summary["run_id"] == run.trace_id
+
+
+def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
+    clock = InputClock(start_ns=100)
+    assert clock.observe(200, {0: 10, 1: 0}, {0: 5, 1: 0}) == 100  # behind on 0
+    assert clock.observe(300, {0: 12, 1: 3}, {0: 10, 1: 3}) == 200  # 200's ends reached
+    assert clock.behind == 1
+    assert clock.observe(400, {0: 12, 1: 3}, {0: 12}) == 200  # partition 1 never committed
+    assert clock.observe(500, {0: 12, 1: 3}, {0: 12, 1: 3}) == 500  # caught up
+    assert clock.behind == 0
+    assert clock.observe(50, {0: 12}, {0: 12}) == 500  # never goes back
