@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         (
             "state per active run (serialized)",
-            f"{replay['state_bytes_per_active_run']:,.0f} bytes",
+            f"{replay['state_bytes_per_active_run']:,.0f} bytes (max {replay['state_bytes_max']:,})",
             "target <= 2 KiB",
         ),
     ]

@@ -274,9 +274,9 @@ _MEMORY_CHUNK = 10_000
 def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
     """Worker RSS after N tiny finished runs (root + one tool span each) passed through.
 
-    Runs arrive in chunks of 10k, each produced once the previous one is processed (a
-    steady stream at the worker's capacity, not one burst whose output backlog would be
-    measured instead); RSS is read after the outputs are flushed (5 s settle)."""
+    Runs arrive in chunks of 10k, a chunk produced once the one before the previous is
+    processed (a steady stream at the worker's capacity, not one burst whose output backlog
+    would be measured instead); RSS is read after the outputs are flushed (5 s settle)."""
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         worker = _worker(Path(tmp), LOOPWATCH_FINISHED_TTL_SECONDS="60")
@@ -284,13 +284,15 @@ def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
         try:
             worker.start()
             worker.wait_ready(120)
-            done = 0
+            sent = 0
             for target in runs_checkpoints:
-                while done < target:
-                    step = min(_MEMORY_CHUNK, target - done)
-                    _produce(worker.topics["input"], _tiny_runs(done, step))
-                    done += step
-                    _wait_health(worker, "runs_finished", done, 1800)
+                while sent < target:
+                    # at most two chunks in flight: the worker never idles on a grace period
+                    _wait_health(worker, "runs_finished", max(0, sent - _MEMORY_CHUNK), 1800)
+                    step = min(_MEMORY_CHUNK, target - sent)
+                    _produce(worker.topics["input"], _tiny_runs(sent, step))
+                    sent += step
+                _wait_health(worker, "runs_finished", target, 1800)
                 time.sleep(5)
                 out[str(target)] = round(_rss_mib(worker.proc.pid), 1) if worker.proc else 0.0
         finally:

@@ -53,11 +53,6 @@ def state_sizes(messages: list[bytes], policy_path: str) -> list[int]:
     return [len(encode_state(state)) for state in engine.runs.values()]
 
 
-def state_bytes_per_run(messages: list[bytes], policy_path: str) -> float:
-    sizes = state_sizes(messages, policy_path)
-    return sum(sizes) / len(sizes) if sizes else 0.0
-
-
 def memory_profile(
     total_spans: int, policy_path: str, checkpoints: tuple[int, ...]
 ) -> dict[str, Any]:
@@ -85,6 +80,7 @@ def run(spans: int, policy_path: str) -> dict[str, Any]:
     ceiling_spans, ceiling_s = decode_ceiling(messages)
     replay_spans, replay_s, engine = replay_engine(messages, policy_path)
     assert ceiling_spans == replay_spans
+    sizes = state_sizes(messages, policy_path)
     result = {
         "spans": ceiling_spans,
         "messages": len(messages),
@@ -94,6 +90,8 @@ def run(spans: int, policy_path: str) -> dict[str, Any]:
         "runs": engine.stats.runs_finished,
         "looping_runs": engine.stats.looping_runs,
         "events": engine.stats.events,
-        "state_bytes_per_active_run": state_bytes_per_run(messages, policy_path),
+        "state_bytes_per_active_run": sum(sizes) / len(sizes) if sizes else 0.0,
+        "state_bytes_max": max(sizes, default=0),
+        "active_runs_sampled": len(sizes),
     }
     return result
