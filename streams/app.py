@@ -81,10 +81,14 @@ from detectors.state import (
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import STEP_ERRORS, Normalizer
 from streams.otlp import decode_record
+from streams.refetch import OffsetGaps, Refetcher
 
 log = logging.getLogger("loopwatch.worker")
 
 NS = 1_000_000_000
+# The input clock holds deadlines only while its probe answers: after this long without an
+# answer (broker unreachable, offsets unavailable) deadlines follow the wall clock again.
+INPUT_PROBE_STALE_NS = 30 * NS
 ENVELOPE_VERSION = 1
 TICK_VALUE_PREFIX = b"{"  # steps messages are JSON arrays, ticks JSON objects
 _END = STEP_FIELDS.index("end_ns")
@@ -871,10 +875,14 @@ class LoopwatchService:
         self.started = time.time()
         self.ready = False
         self.tick_sent: dict[int, float] = {}
+        self._last_ack: dict[Any, asyncio.Future[None]] = {}  # per input partition
+        self._gaps = OffsetGaps()
+        self._refetcher: Refetcher | None = None
         # Unkeyed input: deadlines wait for the group's progress through every input
         # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
         self.input_clock: InputClock | None = None if self.keyed else InputClock(time.time_ns())
         self._input_probe: KafkaInputProbe | None = None
+        self._probe_ok_ns = time.time_ns()
         self.counters = {
             "records": 0,
             "spans": 0,
@@ -884,6 +892,7 @@ class LoopwatchService:
             "dead_letters": 0,
             "detect_batches": 0,
             "step_messages_sent": 0,
+            "refetched_records": 0,  # input records the stream skipped, read back
         }
 
         s.data_path.mkdir(parents=True, exist_ok=True)
@@ -973,6 +982,8 @@ class LoopwatchService:
             list(self.runs.items()), list(self.finished.items()), partitions, time.time_ns()
         )
         self.tick_sent.clear()
+        if not self.keyed:
+            await self._start_gap_tracking()
         self.ready = True
         self.metrics.active_runs.set(len(self.driver.index))
         log.info(
@@ -983,8 +994,33 @@ class LoopwatchService:
             time.monotonic() - started,
         )
 
+    async def _start_gap_tracking(self) -> None:
+        """The stream resumes each assigned input partition at the group's committed
+        offset: a first record beyond it is a skip too (streams/refetch.py)."""
+        try:
+            assignment = self.app.consumer.assignment()
+        except Exception:  # consumer not started: nothing assigned yet
+            return
+        mine = [tp.partition for tp in assignment if tp.topic == self.settings.input_topic]
+        if not mine:
+            return
+        offsets = await asyncio.get_running_loop().run_in_executor(None, self._probe().read)
+        if offsets is None:
+            return
+        _ends, committed = offsets
+        for partition in mine:
+            if partition in committed:
+                self._gaps.start(partition, committed[partition])
+
+    def _probe(self) -> KafkaInputProbe:
+        if self._input_probe is None:
+            s = self.settings
+            self._input_probe = KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic)
+        return self._input_probe
+
     async def _on_revoked(self, app: Any, revoked: Any = None, **kwargs: Any) -> None:
         self.ready = False
+        self._gaps.forget()
         for tp in revoked or ():
             self.metrics.forget_consumer_lag(tp.topic, tp.partition)
 
@@ -995,8 +1031,20 @@ class LoopwatchService:
         s = self.settings
 
         async def ingest(stream: Any) -> None:
-            async for event in stream.events():
-                await self.ingest_record(event)
+            # Manual acks: an input record is acknowledged (and its offset committable)
+            # only once its step messages are delivered. With automatic acks a record was
+            # acked when its sends were merely queued; on a graceful stop or a revocation
+            # faust flushes its producer buffer, lets the agents run on, then commits, so
+            # records were committed whose steps were never sent.
+            manual = stream.noack()
+            async for event in manual.events():
+                message = event.message
+                pending = []
+                skipped = self._gaps.observe(message.partition, message.offset)
+                if skipped is not None:
+                    pending += await self.ingest_skipped(message.partition, *skipped)
+                pending += await self.ingest_record(event)
+                self._ack_when_delivered(manual, event, pending)
 
         async def detect(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max, within=s.batch_within_ms / 1000):
@@ -1007,14 +1055,66 @@ class LoopwatchService:
             app.agent(self.input_topic, name="ingest")(ingest)
         app.agent(self.detect_source, name="detect")(detect)
 
-    async def _decode(self, message: Any) -> tuple[dict[str, list[Step]], int, int] | None:
-        """Decode + normalize one input record; None when it was dead-lettered."""
+    async def ingest_skipped(self, partition: int, first: int, end: int) -> list[Any]:
+        """Offsets [first, end) of an input partition that the stream skipped (see
+        streams/refetch.py): read them back from the broker and ingest them now. A read
+        that fails raises: the record that revealed the gap is then not acked."""
+        s = self.settings
+        if self._refetcher is None:
+            self._refetcher = Refetcher(s.bootstrap, s.input_topic)
+        log.warning(
+            "ingest: offsets %d..%d of %s/%d were skipped by the stream; reading them again",
+            first,
+            end - 1,
+            s.input_topic,
+            partition,
+        )
+        events = await asyncio.get_running_loop().run_in_executor(
+            None, self._refetcher.read, partition, first, end
+        )
+        self.counters["refetched_records"] += len(events)
+        pending: list[Any] = []
+        for event in events:
+            pending += await self.ingest_record(event)
+        return pending
+
+    def _ack_when_delivered(self, stream: Any, event: Any, pending: list[Any]) -> None:
+        """Ack `event` once `pending` is delivered, after the previous record of its
+        partition: faust commits up to the first gap in the acked offsets, but on a freshly
+        assigned partition it does not see a gap at the head, so an out-of-order ack would
+        commit past a record still in flight."""
+        tp = event.message.tp
+        before = self._last_ack.get(tp)
+
+        async def ack() -> None:
+            if before is not None:
+                await before
+            try:
+                await asyncio.gather(*pending)
+            except Exception:
+                # Not acked: the offset is not committed past it, the record is processed
+                # again after a restart or rebalance (at-least-once), and lag shows it.
+                log.exception("ingest: steps of %s not delivered", event.message.offset)
+                return
+            await stream.ack(event)
+
+        task = asyncio.ensure_future(ack())
+        self._last_ack[tp] = task
+        task.add_done_callback(
+            lambda t: self._last_ack.pop(tp, None) if self._last_ack.get(tp) is t else None
+        )
+
+    async def _decode(
+        self, message: Any, pending: list[Any]
+    ) -> tuple[dict[str, list[Step]], int, int] | None:
+        """Decode + normalize one input record; None when it was dead-lettered (the dead
+        letter's delivery future is added to `pending`)."""
         source = f"{message.topic}/{message.partition}@{message.offset}"
         try:
             spans = decode_record(message.value, self.settings.input_encoding, source)
         except DecodeError as exc:
             self.metrics.decode_error("decode_error")
-            await self._dead_letter(message, "decode_error", str(exc))
+            pending.append(await self._dead_letter(message, "decode_error", str(exc)))
             return None
         by_run, invalid = group_steps(self.normalizer, spans)
         if invalid:
@@ -1022,18 +1122,22 @@ class LoopwatchService:
             log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)
         return by_run, len(spans), invalid
 
-    async def ingest_record(self, event: Any) -> None:
+    async def ingest_record(self, event: Any) -> list[Any]:
+        """Forward one input record's steps; returns the delivery futures of what it sent."""
         message = event.message
+        pending: list[Any] = []
         try:
-            decoded = await self._decode(message)
+            decoded = await self._decode(message, pending)
             if decoded is None:
-                return
+                return pending
             by_run, n_spans, _invalid = decoded
             ts = message.timestamp
             if self.settings.steps_grouping == "run":
                 for run_id, steps in by_run.items():
-                    await self.steps_topic.send(
-                        key=run_id.encode("utf-8"), value=encode_steps(steps), timestamp=ts
+                    pending.append(
+                        await self.steps_topic.send(
+                            key=run_id.encode("utf-8"), value=encode_steps(steps), timestamp=ts
+                        )
                     )
             else:
                 # One message per destination partition: the partition the run id would be
@@ -1044,8 +1148,10 @@ class LoopwatchService:
                     p = key_partition(run_id.encode("utf-8"), n)
                     by_partition.setdefault(p, []).append((run_id, steps))
                 for p, groups in by_partition.items():
-                    await self.steps_topic.send(
-                        key=None, value=encode_run_groups(groups), partition=p, timestamp=ts
+                    pending.append(
+                        await self.steps_topic.send(
+                            key=None, value=encode_run_groups(groups), partition=p, timestamp=ts
+                        )
                     )
                     self.counters["step_messages_sent"] += 1
             self.metrics.record_consumed(message.topic, spans=n_spans)
@@ -1058,9 +1164,11 @@ class LoopwatchService:
                 message.partition,
                 message.offset,
             )
-            await self._dead_letter(message, "internal_error", type(exc).__name__)
+            pending.append(await self._dead_letter(message, "internal_error", type(exc).__name__))
+        return pending
 
-    async def _dead_letter(self, message: Any, reason: str, error: str) -> None:
+    async def _dead_letter(self, message: Any, reason: str, error: str) -> Any:
+        """Send a dead letter; returns its delivery future."""
         value, headers = dead_letter_record(
             message.value,
             reason=reason,
@@ -1071,19 +1179,21 @@ class LoopwatchService:
             capture_payload=self.settings.dlq_capture_payload,
         )
         key = dead_letter_key(message.key, self.settings.dlq_capture_payload)
-        await self.dead_topic.send(key=key, value=value, headers=headers)
+        future = await self.dead_topic.send(key=key, value=value, headers=headers)
         self.metrics.dead_letter(reason)
         self.counters["dead_letters"] += 1
+        return future
 
     async def detect_batch(self, events: list[Any]) -> None:
         groups: dict[tuple[int, str], list[tuple[Any, list[Step]]]] = {}
         ticks: dict[int, Any] = {}
+        dead: list[Any] = []  # dead letters' delivery futures: awaited before the batch acks
         input_topic = self.settings.input_topic
         for event in events:
             message = event.message
             try:
                 if self.keyed and message.topic == input_topic:
-                    decoded = await self._decode(message)
+                    decoded = await self._decode(message, dead)
                     if decoded is None:
                         continue
                     by_run, n_spans, _ = decoded
@@ -1115,7 +1225,7 @@ class LoopwatchService:
                     message.partition,
                     message.offset,
                 )
-                await self._dead_letter(message, "internal_error", type(exc).__name__)
+                dead.append(await self._dead_letter(message, "internal_error", type(exc).__name__))
         # 1. detection (pure; the table writes stay pending in the driver)
         partition_event: dict[int, Any] = {}
         outputs: list[tuple[int, Outputs]] = []
@@ -1132,7 +1242,9 @@ class LoopwatchService:
             except Exception as exc:
                 log.exception("detect: run %s failed; its message(s) are dead-lettered", run_id)
                 for ev, _ in items:
-                    await self._dead_letter(ev.message, "internal_error", type(exc).__name__)
+                    dead.append(
+                        await self._dead_letter(ev.message, "internal_error", type(exc).__name__)
+                    )
                 continue
             outputs.append((partition, out))
             partition_event[partition] = items[-1][0]
@@ -1157,6 +1269,8 @@ class LoopwatchService:
         except BaseException:
             self.driver.discard_writes()
             raise
+        if dead:
+            await asyncio.gather(*dead)
         writes = self.driver.take_writes()
         tables = {"runs": self.runs, "finished": self.finished}
         for table, partition, key, value in writes:
@@ -1244,20 +1358,21 @@ class LoopwatchService:
         self.app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
 
     def clock_ns(self) -> int:
-        """Now, for run deadlines: the wall clock, held back to the input clock."""
+        """Now, for run deadlines: the wall clock, held back to the input clock while the
+        probe answers (a broker that cannot say must not freeze every run forever)."""
         now = time.time_ns()
-        return now if self.input_clock is None else min(now, self.input_clock.now_ns)
+        if self.input_clock is None or now - self._probe_ok_ns > INPUT_PROBE_STALE_NS:
+            return now
+        return min(now, self.input_clock.now_ns)
 
     async def advance_input_clock(self) -> None:
         if self.input_clock is None:
             return
-        if self._input_probe is None:
-            s = self.settings
-            self._input_probe = KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic)
         at = time.time_ns()
-        offsets = await asyncio.get_running_loop().run_in_executor(None, self._input_probe.read)
+        offsets = await asyncio.get_running_loop().run_in_executor(None, self._probe().read)
         if offsets is not None:
             self.input_clock.observe(at, *offsets)
+            self._probe_ok_ns = time.time_ns()
 
     async def send_ticks(self) -> None:
         if not self.ready:

@@ -9,16 +9,19 @@ are then compared with min(wall clock, input clock): in steady state that trails
 clock by the commit interval; after downtime it holds runs until the backlog is drained.
 
 `InputClock` is the bookkeeping (pure, unit tested); `KafkaInputProbe` reads end offsets
-and the group's committed offsets with confluent-kafka (blocking: run it in an executor).
+and the group's committed offsets with a confluent-kafka AdminClient (blocking: run it in
+an executor).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections import deque
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -53,42 +56,41 @@ class InputClock:
 
 
 class KafkaInputProbe:
-    """End offsets of the input topic and the group's committed offsets. The consumer never
-    subscribes, so it does not join the group or take part in rebalances."""
+    """End offsets of the input topic and the group's committed offsets, read with an
+    AdminClient: a Consumer carrying the group's id, even one that never subscribed,
+    disturbed the group (input records were committed without being processed)."""
 
     def __init__(self, bootstrap: str, group: str, topic: str, timeout: float = 5.0) -> None:
         self.topic = topic
+        self.bootstrap = bootstrap
+        self.group = group
         self.timeout = timeout
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "log_level": 0,
-            }
-        )
+        self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
 
     def read(self) -> tuple[dict[int, int], dict[int, int]] | None:
         """(end offsets, committed offsets) by partition; None when the broker cannot say."""
         try:
-            md = self._consumer.list_topics(self.topic, timeout=self.timeout)
-            partitions = sorted(md.topics[self.topic].partitions)
-            ends: dict[int, int] = {}
-            starts: dict[int, int] = {}
-            for p in partitions:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=self.timeout, cached=False
-                )
-                starts[p], ends[p] = low, high
+            md = self._admin.list_topics(self.topic, timeout=self.timeout)
+            tps = [TopicPartition(self.topic, p) for p in sorted(md.topics[self.topic].partitions)]
+            ends = self._offsets(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+            starts = self._offsets(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+            request = [ConsumerGroupTopicPartitions(self.group, tps)]
+            future = self._admin.list_consumer_group_offsets(request, request_timeout=self.timeout)[
+                self.group
+            ]
             committed: dict[int, int] = {}
-            tps = [TopicPartition(self.topic, p) for p in partitions]
-            for tp in self._consumer.committed(tps, timeout=self.timeout):
+            for tp in future.result(timeout=self.timeout).topic_partitions:
                 # No commit yet: the group starts from the earliest record (reset policy).
                 committed[tp.partition] = tp.offset if tp.offset >= 0 else starts[tp.partition]
             return ends, committed
-        except (KafkaException, KeyError) as exc:
-            log.warning("input clock: offsets of %s unavailable: %s", self.topic, exc)
+        except (KafkaException, KeyError, TimeoutError, concurrent.futures.TimeoutError) as exc:
+            log.warning(
+                "input clock: offsets of %s unavailable: %s", self.topic, exc or type(exc).__name__
+            )
+            # After a broker restart this client kept timing out: start afresh next time.
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
             return None
 
-    def close(self) -> None:
-        self._consumer.close()
+    def _offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[int, int]:
+        futures = self._admin.list_offsets({tp: spec for tp in tps}, request_timeout=self.timeout)
+        return {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}

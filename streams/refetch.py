@@ -1,0 +1,114 @@
+"""Input records the stream skipped, read again from the broker.
+
+Around a rebalance faust's stream can skip a record: after revocation and the seek back
+to the committed offsets, the ingest agent was seen receiving offsets 17, 18, 20 of a
+partition, never 19, and 19 was then committed with the records around it (its spans
+were lost). The ingest agent therefore tracks the last offset it processed per
+partition; a forward jump is read back from the broker with a consumer outside the group
+and processed before the record that revealed it (offsets of transaction markers come
+back empty, which is fine).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+
+class OffsetGaps:
+    """The last processed offset per input partition; reports forward jumps."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, int] = {}
+
+    def observe(self, partition: int, offset: int) -> tuple[int, int] | None:
+        """Record `offset` as processed; (first, end) of the skipped offsets, if any.
+        A backward move (redelivery after a seek) is normal and resets the tracking."""
+        last = self._last.get(partition)
+        self._last[partition] = offset
+        if last is not None and offset > last + 1:
+            return last + 1, offset
+        return None
+
+    def start(self, partition: int, next_offset: int) -> None:
+        """The partition resumes at `next_offset` (the group's committed offset)."""
+        self._last[partition] = next_offset - 1
+
+    def forget(self) -> None:
+        """After a rebalance the next offset of a partition may be anything."""
+        self._last.clear()
+
+
+@dataclass(slots=True)
+class RefetchedMessage:
+    """The fields of a faust message that ingest reads."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: float
+
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+@dataclass(slots=True)
+class RefetchedEvent:
+    message: RefetchedMessage
+
+
+class Refetcher:
+    """Reads offset ranges of the input topic (blocking: run it in an executor)."""
+
+    def __init__(self, bootstrap: str, topic: str, timeout: float = 10.0) -> None:
+        self.topic = topic
+        self.timeout = timeout
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                # never subscribes and never commits: outside the worker's group
+                "group.id": f"loopwatch-refetch-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
+
+    def read(self, partition: int, first: int, end: int) -> list[RefetchedEvent]:
+        """Records with first <= offset < end; raises KafkaException on broker errors."""
+        self._consumer.assign([TopicPartition(self.topic, partition, first)])
+        out: list[RefetchedEvent] = []
+        deadline = time.monotonic() + self.timeout
+        try:
+            while time.monotonic() < deadline:
+                msg: Any = self._consumer.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error():
+                    raise KafkaException(msg.error())
+                if msg.offset() >= end:
+                    break
+                _kind, ts_ms = msg.timestamp()
+                out.append(
+                    RefetchedEvent(
+                        RefetchedMessage(
+                            self.topic,
+                            partition,
+                            msg.offset(),
+                            msg.key(),
+                            msg.value(),
+                            ts_ms / 1000.0 if ts_ms > 0 else 0.0,
+                        )
+                    )
+                )
+                if msg.offset() >= end - 1:
+                    break
+        finally:
+            self._consumer.unassign()
+        return out

@@ -1,0 +1,25 @@
+"""OffsetGaps: which input offsets the stream skipped (streams/refetch.py)."""
+
+from __future__ import annotations
+
+from streams.refetch import OffsetGaps
+
+
+def test_forward_jumps_are_gaps_and_redeliveries_are_not() -> None:
+    gaps = OffsetGaps()
+    assert gaps.observe(0, 16) is None  # first record seen: nothing known before it
+    assert gaps.observe(0, 17) is None
+    assert gaps.observe(0, 18) is None
+    assert gaps.observe(0, 17) is None  # seek back after a rebalance: redelivery
+    assert gaps.observe(0, 18) is None
+    assert gaps.observe(0, 20) == (19, 20)  # 19 never reached the agent
+    assert gaps.observe(1, 5) is None  # partitions are independent
+    assert gaps.observe(0, 24) == (21, 24)
+
+
+def test_a_partition_resumes_at_the_committed_offset() -> None:
+    gaps = OffsetGaps()
+    gaps.start(3, 24)  # the group committed 24: the next record must be 24
+    assert gaps.observe(3, 25) == (24, 25)
+    gaps.forget()  # revoked: the next offset may be anything
+    assert gaps.observe(3, 40) is None
