@@ -982,8 +982,7 @@ class LoopwatchService:
             list(self.runs.items()), list(self.finished.items()), partitions, time.time_ns()
         )
         self.tick_sent.clear()
-        if not self.keyed:
-            await self._start_gap_tracking()
+        await self._start_gap_tracking()
         self.ready = True
         self.metrics.active_runs.set(len(self.driver.index))
         log.info(
@@ -1042,7 +1041,7 @@ class LoopwatchService:
                 pending = []
                 skipped = self._gaps.observe(message.partition, message.offset)
                 if skipped is not None:
-                    pending += await self.ingest_skipped(message.partition, *skipped)
+                    pending += await self.ingest_skipped(*skipped, message)
                 pending += await self.ingest_record(event)
                 self._ack_when_delivered(manual, event, pending)
 
@@ -1055,15 +1054,16 @@ class LoopwatchService:
             app.agent(self.input_topic, name="ingest")(ingest)
         app.agent(self.detect_source, name="detect")(detect)
 
-    async def ingest_skipped(self, partition: int, first: int, end: int) -> list[Any]:
-        """Offsets [first, end) of an input partition that the stream skipped (see
-        streams/refetch.py): read them back from the broker and ingest them now. A read
-        that fails raises: the record that revealed the gap is then not acked."""
+    async def _refetch(self, first: int, end: int, revealed_by: Any) -> list[Any]:
+        """Offsets [first, end) of the input partition of `revealed_by` that the stream
+        skipped (streams/refetch.py), read back from the broker. A failed read raises: the
+        record that revealed the gap is then not acknowledged."""
         s = self.settings
         if self._refetcher is None:
             self._refetcher = Refetcher(s.bootstrap, s.input_topic)
+        partition = revealed_by.partition
         log.warning(
-            "ingest: offsets %d..%d of %s/%d were skipped by the stream; reading them again",
+            "offsets %d..%d of %s/%d were skipped by the stream; reading them again",
             first,
             end - 1,
             s.input_topic,
@@ -1073,8 +1073,12 @@ class LoopwatchService:
             None, self._refetcher.read, partition, first, end
         )
         self.counters["refetched_records"] += len(events)
+        return events
+
+    async def ingest_skipped(self, first: int, end: int, revealed_by: Any) -> list[Any]:
+        """Ingest the records the stream skipped before `revealed_by`."""
         pending: list[Any] = []
-        for event in events:
+        for event in await self._refetch(first, end, revealed_by):
             pending += await self.ingest_record(event)
         return pending
 
@@ -1193,15 +1197,22 @@ class LoopwatchService:
             message = event.message
             try:
                 if self.keyed and message.topic == input_topic:
-                    decoded = await self._decode(message, dead)
-                    if decoded is None:
-                        continue
-                    by_run, n_spans, _ = decoded
-                    self.metrics.record_consumed(message.topic, spans=n_spans)
-                    self.counters["records"] += 1
-                    self.counters["spans"] += n_spans
-                    for run_id, steps in by_run.items():
-                        groups.setdefault((message.partition, run_id), []).append((event, steps))
+                    # Records the stream skipped first (streams/refetch.py), attributed to
+                    # this event: same partition, so the table writes land where they belong.
+                    records = [message]
+                    skipped = self._gaps.observe(message.partition, message.offset)
+                    if skipped is not None:
+                        records[:0] = [e.message for e in await self._refetch(*skipped, message)]
+                    for record in records:
+                        decoded = await self._decode(record, dead)
+                        if decoded is None:
+                            continue
+                        by_run, n_spans, _ = decoded
+                        self.metrics.record_consumed(record.topic, spans=n_spans)
+                        self.counters["records"] += 1
+                        self.counters["spans"] += n_spans
+                        for run_id, steps in by_run.items():
+                            groups.setdefault((record.partition, run_id), []).append((event, steps))
                     continue
                 # Counted like input records: the stall alert pairs each topic's lag with
                 # its consumed records, and lag is exported for the steps topic too.

@@ -212,3 +212,45 @@ def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
     assert clock.observe(500, {0: 12, 1: 3}, {0: 12, 1: 3}) == 500  # caught up
     assert clock.behind == 0
     assert clock.observe(50, {0: 12}, {0: 12}) == 500  # never goes back
+
+
+class FakeRefetcher:
+    """Stands in for streams.refetch.Refetcher: the broker's copy of skipped records."""
+
+    def __init__(self, records: dict[int, bytes]) -> None:
+        self.records = records
+        self.reads: list[tuple[int, int, int]] = []
+
+    def read(self, partition: int, first: int, end: int) -> list[Ev]:
+        self.reads.append((partition, first, end))
+        return [
+            Ev(Msg("otlp_spans", partition, o, None, self.records[o]))
+            for o in range(first, end)
+            if o in self.records
+        ]
+
+
+async def test_keyed_detect_reads_back_a_record_the_stream_skipped(service: Any) -> None:
+    """Offsets 5 and 7 reach the agent, 6 never does: 6 is read from the broker and its
+    run processed in the same batch (it would be committed with the others)."""
+    service.keyed = True
+    runs = {o: looping_run(100 + o) for o in (5, 6, 7)}
+    records = {o: encode_request(r.spans) for o, r in runs.items()}
+    service._refetcher = FakeRefetcher(records)
+    await service.detect_batch([Ev(Msg("otlp_spans", 1, o, None, records[o])) for o in (5, 7)])
+    assert service._refetcher.reads == [(1, 6, 7)]
+    assert service.counters["refetched_records"] == 1
+    assert len(service.runs) == 3  # the skipped record's run too
+    shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
+    assert shapes == ["identical_repetition"] * 3
+
+
+async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_them(
+    service: Any,
+) -> None:
+    records = {o: encode_request(looping_run(200 + o).spans) for o in (3, 4)}
+    service._refetcher = FakeRefetcher(records)
+    pending = await service.ingest_skipped(3, 5, Msg("otlp_spans", 0, 5, None, b""))
+    assert service._refetcher.reads == [(0, 3, 5)] and len(pending) >= 2
+    forwarded = [json.loads(m["value"]) for m in service.steps_topic.sent]
+    assert sum(len(groups) for groups in forwarded) == 2  # both skipped runs forwarded
