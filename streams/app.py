@@ -1096,8 +1096,9 @@ class LoopwatchService:
             try:
                 await asyncio.gather(*pending)
             except Exception:
-                # Not acked: the offset is not committed past it, the record is processed
-                # again after a restart or rebalance (at-least-once), and lag shows it.
+                # Not acked: faust commits up to the first unacked offset (not at the head
+                # of a freshly assigned partition, see above), so the record is normally
+                # processed again after a restart or rebalance, and lag shows it.
                 log.exception("ingest: steps of %s not delivered", event.message.offset)
                 return
             await stream.ack(event)
