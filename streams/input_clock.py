@@ -57,8 +57,7 @@ class InputClock:
 
 class KafkaInputProbe:
     """End offsets of the input topic and the group's committed offsets, read with an
-    AdminClient: a Consumer carrying the group's id, even one that never subscribed,
-    disturbed the group (input records were committed without being processed)."""
+    AdminClient: it needs no group id of its own and can be rebuilt after an error."""
 
     def __init__(self, bootstrap: str, group: str, topic: str, timeout: float = 5.0) -> None:
         self.topic = topic
