@@ -880,7 +880,11 @@ class LoopwatchService:
         self._refetcher: Refetcher | None = None
         # Unkeyed input: deadlines wait for the group's progress through every input
         # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
-        self.input_clock: InputClock | None = None if self.keyed else InputClock(time.time_ns())
+        # Opt-in (LOOPWATCH_INPUT_CLOCK): a two-worker CI run once missed an event for 60 s
+        # with it on, unexplained; until that is understood the wall clock stays the default.
+        self.input_clock: InputClock | None = (
+            InputClock(time.time_ns()) if s.input_clock and not self.keyed else None
+        )
         self._input_probe: KafkaInputProbe | None = None
         self._probe_ok_ns = time.time_ns()
         self.counters = {

@@ -74,6 +74,10 @@ variable                                  default                     meaning
                                                                       long a crashed worker keeps
                                                                       its partitions
 ``LOOPWATCH_LOG_LEVEL``                   ``warning``                 worker log level
+``LOOPWATCH_INPUT_CLOCK``                 ``false``                   ``true`` (unkeyed input): hold
+                                                                      run deadlines until the group
+                                                                      has processed the input
+                                                                      backlog (streams/input_clock.py)
 ``LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB``     ``4``                       rocksdb memtable size per
                                                                       table partition (2 of them at
                                                                       most before a flush)
@@ -139,6 +143,7 @@ class WorkerSettings:
     output_retention_hours: float = 168.0
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
+    input_clock: bool = False
     rocksdb_write_buffer_mb: int = 4
     rocksdb_block_cache_mb: int = 8
 
@@ -232,6 +237,7 @@ class WorkerSettings:
                 "LOOPWATCH_SESSION_TIMEOUT_SECONDS", d.session_timeout_seconds, 6.0
             ),
             "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
+            "input_clock": reader.flag("LOOPWATCH_INPUT_CLOCK", d.input_clock),
             "rocksdb_write_buffer_mb": reader.integer(
                 "LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB", d.rocksdb_write_buffer_mb, 1, 4096
             ),

@@ -51,7 +51,7 @@ def test_run_waiting_in_the_input_backlog_is_not_finalized_early(tmp_path: Path)
     policy = write_policy(
         tmp_path / "policy.yaml", finalize_grace_seconds=1, allowed_lateness_seconds=60
     )
-    worker = WorkerProc(tmp_path, policy)
+    worker = WorkerProc(tmp_path, policy, LOOPWATCH_INPUT_CLOCK="true")
     try:
         create_topics([worker.topics["input"]], 2)
         producer = Producer({"bootstrap.servers": bootstrap(), "log_level": 0, "linger.ms": 5})
