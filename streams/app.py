@@ -986,7 +986,6 @@ class LoopwatchService:
             list(self.runs.items()), list(self.finished.items()), partitions, time.time_ns()
         )
         self.tick_sent.clear()
-        await self._start_gap_tracking()
         self.ready = True
         self.metrics.active_runs.set(len(self.driver.index))
         log.info(
@@ -996,24 +995,6 @@ class LoopwatchService:
             self.driver.finished_index.size,
             time.monotonic() - started,
         )
-
-    async def _start_gap_tracking(self) -> None:
-        """The stream resumes each assigned input partition at the group's committed
-        offset: a first record beyond it is a skip too (streams/refetch.py)."""
-        try:
-            assignment = self.app.consumer.assignment()
-        except Exception:  # consumer not started: nothing assigned yet
-            return
-        mine = [tp.partition for tp in assignment if tp.topic == self.settings.input_topic]
-        if not mine:
-            return
-        offsets = await asyncio.get_running_loop().run_in_executor(None, self._probe().read)
-        if offsets is None:
-            return
-        _ends, committed = offsets
-        for partition in mine:
-            if partition in committed:
-                self._gaps.start(partition, committed[partition])
 
     def _probe(self) -> KafkaInputProbe:
         if self._input_probe is None:
