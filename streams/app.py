@@ -878,7 +878,7 @@ class LoopwatchService:
         self.tick_sent: dict[int, float] = {}
         self._last_ack: dict[Any, asyncio.Future[None]] = {}  # per input partition
         self._gaps = OffsetGaps()
-        self._refetcher: Refetcher | None = None
+        self._refetchers: dict[str, Refetcher] = {}  # by topic
         # Unkeyed input: deadlines wait for the group's progress through every input
         # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
         # Opt-in (LOOPWATCH_INPUT_CLOCK): a two-worker CI run once missed an event for 60 s
@@ -1025,7 +1025,7 @@ class LoopwatchService:
             async for event in manual.events():
                 message = event.message
                 pending = []
-                skipped = self._gaps.observe(message.partition, message.offset)
+                skipped = self._gaps.observe(message.topic, message.partition, message.offset)
                 if skipped is not None:
                     pending += await self.ingest_skipped(*skipped, message)
                 pending += await self.ingest_record(event)
@@ -1033,7 +1033,15 @@ class LoopwatchService:
 
         async def detect(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max, within=s.batch_within_ms / 1000):
+                # take_events acks the batch in a `finally`, also when the batch is cancelled
+                # or fails mid-publish (a stop, a revocation): its offsets would be committed
+                # with the outputs unsent. One more reference per message, released only
+                # after detect_batch has published and written, keeps such a batch unacked.
+                for event in events:
+                    event.message.incref()
                 await self.detect_batch(events)
+                for event in events:
+                    await stream.ack(event)
                 self.counters["detect_batches"] += 1
 
         if not self.keyed:
@@ -1041,22 +1049,22 @@ class LoopwatchService:
         app.agent(self.detect_source, name="detect")(detect)
 
     async def _refetch(self, first: int, end: int, revealed_by: Any) -> list[Any]:
-        """Offsets [first, end) of the input partition of `revealed_by` that the stream
+        """Offsets [first, end) of the topic partition of `revealed_by` that the stream
         skipped (streams/refetch.py), read back from the broker. A failed read raises: the
         record that revealed the gap is then not acknowledged."""
-        s = self.settings
-        if self._refetcher is None:
-            self._refetcher = Refetcher(s.bootstrap, s.input_topic)
-        partition = revealed_by.partition
+        topic, partition = revealed_by.topic, revealed_by.partition
+        refetcher = self._refetchers.get(topic)
+        if refetcher is None:
+            refetcher = self._refetchers[topic] = Refetcher(self.settings.bootstrap, topic)
         log.warning(
             "offsets %d..%d of %s/%d were skipped by the stream; reading them again",
             first,
             end - 1,
-            s.input_topic,
+            topic,
             partition,
         )
         events = await asyncio.get_running_loop().run_in_executor(
-            None, self._refetcher.read, partition, first, end
+            None, refetcher.read, partition, first, end
         )
         self.counters["refetched_records"] += len(events)
         return events
@@ -1175,55 +1183,71 @@ class LoopwatchService:
         self.counters["dead_letters"] += 1
         return future
 
+    async def _collect(
+        self,
+        record: Any,
+        event: Any,
+        streamed: bool,
+        groups: dict[tuple[int, str], list[tuple[Any, list[Step]]]],
+        ticks: dict[int, Any],
+        dead: list[Any],
+    ) -> None:
+        """Add one record's steps to `groups` (keyed input: decoded here; steps topic: as
+        ingest grouped them) or its tick to `ticks`. `streamed` is False for a record read
+        back after a skip: a missed tick is not replayed, the next one does its work."""
+        if self.keyed and record.topic == self.settings.input_topic:
+            decoded = await self._decode(record, dead)
+            if decoded is None:
+                return
+            by_run, n_spans, _ = decoded
+            self.metrics.record_consumed(record.topic, spans=n_spans)
+            self.counters["records"] += 1
+            self.counters["spans"] += n_spans
+            for run_id, steps in by_run.items():
+                groups.setdefault((record.partition, run_id), []).append((event, steps))
+            return
+        # Counted like input records: the stall alert pairs each topic's lag with its
+        # consumed records, and lag is exported for the steps topic too.
+        self.metrics.record_consumed(record.topic)
+        value = record.value
+        if value is not None and bytes(value[:1]) == TICK_VALUE_PREFIX:
+            if streamed:
+                ticks[record.partition] = event
+            return
+        if record.key is None:  # partition-grouped: several runs
+            for run_id, steps in decode_run_groups(value):
+                groups.setdefault((record.partition, run_id), []).append((event, steps))
+            return
+        groups.setdefault((record.partition, _text(record.key)), []).append(
+            (event, decode_steps(value))
+        )
+
     async def detect_batch(self, events: list[Any]) -> None:
         groups: dict[tuple[int, str], list[tuple[Any, list[Step]]]] = {}
         ticks: dict[int, Any] = {}
         dead: list[Any] = []  # dead letters' delivery futures: awaited before the batch acks
-        input_topic = self.settings.input_topic
         for event in events:
             message = event.message
-            try:
-                if self.keyed and message.topic == input_topic:
-                    # Records the stream skipped first (streams/refetch.py), attributed to
-                    # this event: same partition, so the table writes land where they belong.
-                    records = [message]
-                    skipped = self._gaps.observe(message.partition, message.offset)
-                    if skipped is not None:
-                        records[:0] = [e.message for e in await self._refetch(*skipped, message)]
-                    for record in records:
-                        decoded = await self._decode(record, dead)
-                        if decoded is None:
-                            continue
-                        by_run, n_spans, _ = decoded
-                        self.metrics.record_consumed(record.topic, spans=n_spans)
-                        self.counters["records"] += 1
-                        self.counters["spans"] += n_spans
-                        for run_id, steps in by_run.items():
-                            groups.setdefault((record.partition, run_id), []).append((event, steps))
-                    continue
-                # Counted like input records: the stall alert pairs each topic's lag with
-                # its consumed records, and lag is exported for the steps topic too.
-                self.metrics.record_consumed(message.topic)
-                value = message.value
-                if value is not None and bytes(value[:1]) == TICK_VALUE_PREFIX:
-                    ticks[message.partition] = event
-                    continue
-                if message.key is None:  # partition-grouped: several runs
-                    for run_id, steps in decode_run_groups(value):
-                        groups.setdefault((message.partition, run_id), []).append((event, steps))
-                    continue
-                run_id = _text(message.key)
-                groups.setdefault((message.partition, run_id), []).append(
-                    (event, decode_steps(value))
-                )
-            except Exception as exc:
-                log.exception(
-                    "detect: unreadable message %s/%s@%s",
-                    message.topic,
-                    message.partition,
-                    message.offset,
-                )
-                dead.append(await self._dead_letter(message, "internal_error", type(exc).__name__))
+            records = [message]
+            skipped = self._gaps.observe(message.topic, message.partition, message.offset)
+            if skipped is not None:
+                # Records the stream skipped (streams/refetch.py) go first, attributed to this
+                # event: same partition, so the table writes land where they belong. A failed
+                # read raises: the batch, and the record that revealed the gap, stay unacked.
+                records[:0] = [e.message for e in await self._refetch(*skipped, message)]
+            for record in records:
+                try:
+                    await self._collect(record, event, record is message, groups, ticks, dead)
+                except Exception as exc:
+                    log.exception(
+                        "detect: unreadable message %s/%s@%s",
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                    )
+                    dead.append(
+                        await self._dead_letter(record, "internal_error", type(exc).__name__)
+                    )
         # 1. detection (pure; the table writes stay pending in the driver)
         partition_event: dict[int, Any] = {}
         outputs: list[tuple[int, Outputs]] = []

@@ -1,12 +1,13 @@
-"""Input records the stream skipped, read again from the broker.
+"""Records the stream skipped, read again from the broker.
 
 Around a rebalance faust's stream can skip a record: after revocation and the seek back
 to the committed offsets, the ingest agent was seen receiving offsets 17, 18, 20 of a
 partition, never 19, and 19 was then committed with the records around it (its spans
-were lost). The ingest agent therefore tracks the last offset it processed per
-partition; a forward jump is read back from the broker with a consumer outside the group
-and processed before the record that revealed it (offsets of transaction markers come
-back empty, which is fine). A skip of a partition's first record after an assignment is
+were lost). Both agents therefore track the last offset they processed per topic
+partition (ingest: the input; detect: the internal steps topic, and the input when it is
+keyed by run); a forward jump is read back from the broker with a consumer outside the
+group and processed before the record that revealed it (offsets of transaction markers
+come back empty, which is fine). A skip of a partition's first record after an assignment is
 not detected: reading the committed offsets in the recovery callback (an AdminClient
 call) made a two-worker test flaky, so it was taken out.
 """
@@ -22,16 +23,17 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 
 class OffsetGaps:
-    """The last processed offset per input partition; reports forward jumps."""
+    """The last processed offset per topic partition; reports forward jumps."""
 
     def __init__(self) -> None:
-        self._last: dict[int, int] = {}
+        self._last: dict[tuple[str, int], int] = {}
 
-    def observe(self, partition: int, offset: int) -> tuple[int, int] | None:
+    def observe(self, topic: str, partition: int, offset: int) -> tuple[int, int] | None:
         """Record `offset` as processed; (first, end) of the skipped offsets, if any.
         A backward move (redelivery after a seek) is normal and resets the tracking."""
-        last = self._last.get(partition)
-        self._last[partition] = offset
+        tp = (topic, partition)
+        last = self._last.get(tp)
+        self._last[tp] = offset
         if last is not None and offset > last + 1:
             return last + 1, offset
         return None
@@ -63,7 +65,7 @@ class RefetchedEvent:
 
 
 class Refetcher:
-    """Reads offset ranges of the input topic (blocking: run it in an executor)."""
+    """Reads offset ranges of one topic (blocking: run it in an executor)."""
 
     def __init__(self, bootstrap: str, topic: str, timeout: float = 10.0) -> None:
         self.topic = topic

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
-from streams.app import Deadline, build_app
+from streams.app import Deadline, build_app, decode_run_groups, encode_run_groups
 from streams.input_clock import InputClock
 from streams.settings import WorkerSettings
 from tests.otlp_build import encode_request
@@ -217,14 +217,15 @@ def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
 class FakeRefetcher:
     """Stands in for streams.refetch.Refetcher: the broker's copy of skipped records."""
 
-    def __init__(self, records: dict[int, bytes]) -> None:
+    def __init__(self, records: dict[int, bytes], topic: str = "otlp_spans") -> None:
         self.records = records
+        self.topic = topic
         self.reads: list[tuple[int, int, int]] = []
 
     def read(self, partition: int, first: int, end: int) -> list[Ev]:
         self.reads.append((partition, first, end))
         return [
-            Ev(Msg("otlp_spans", partition, o, None, self.records[o]))
+            Ev(Msg(self.topic, partition, o, None, self.records[o]))
             for o in range(first, end)
             if o in self.records
         ]
@@ -236,9 +237,9 @@ async def test_keyed_detect_reads_back_a_record_the_stream_skipped(service: Any)
     service.keyed = True
     runs = {o: looping_run(100 + o) for o in (5, 6, 7)}
     records = {o: encode_request(r.spans) for o, r in runs.items()}
-    service._refetcher = FakeRefetcher(records)
+    refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
     await service.detect_batch([Ev(Msg("otlp_spans", 1, o, None, records[o])) for o in (5, 7)])
-    assert service._refetcher.reads == [(1, 6, 7)]
+    assert refetcher.reads == [(1, 6, 7)]
     assert service.counters["refetched_records"] == 1
     assert len(service.runs) == 3  # the skipped record's run too
     shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
@@ -249,8 +250,32 @@ async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_th
     service: Any,
 ) -> None:
     records = {o: encode_request(looping_run(200 + o).spans) for o in (3, 4)}
-    service._refetcher = FakeRefetcher(records)
+    refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
     pending = await service.ingest_skipped(3, 5, Msg("otlp_spans", 0, 5, None, b""))
-    assert service._refetcher.reads == [(0, 3, 5)] and len(pending) >= 2
+    assert refetcher.reads == [(0, 3, 5)] and len(pending) >= 2
     forwarded = [json.loads(m["value"]) for m in service.steps_topic.sent]
     assert sum(len(groups) for groups in forwarded) == 2  # both skipped runs forwarded
+
+
+async def test_detect_reads_back_a_steps_message_the_stream_skipped(service: Any) -> None:
+    """Unkeyed: the steps topic is tracked too. Steps messages 10 and 12 of a partition
+    reach the agent, 11 (another run's steps) never does: it is read back and processed; a
+    skipped tick is not replayed."""
+    steps: dict[int, bytes] = {}
+    for offset, trace in ((10, 301), (11, 302), (12, 303)):
+        await service.ingest_record(
+            Ev(Msg("otlp_spans", 0, offset, None, encode_request(looping_run(trace).spans)))
+        )
+        (msg,) = service.steps_topic.sent
+        service.steps_topic.sent.clear()
+        steps[offset] = encode_run_groups(decode_run_groups(msg["value"]))
+    steps[13] = b'{"tick":1}'
+    refetcher = service._refetchers["loopwatch-steps"] = FakeRefetcher(steps, "loopwatch-steps")
+    await service.detect_batch([Ev(Msg("loopwatch-steps", 2, o, None, steps[o])) for o in (10, 12)])
+    assert refetcher.reads == [(2, 11, 12)]
+    assert service.counters["refetched_records"] == 1
+    assert len(service.runs) == 3  # the skipped message's run too
+    await service.detect_batch([Ev(Msg("loopwatch-steps", 2, 14, None, steps[13]))])
+    assert refetcher.reads[-1] == (2, 13, 14)  # the skipped tick, read and dropped
+    assert service.counters["refetched_records"] == 2
+    assert service.dead_topic.sent == []

@@ -7,19 +7,20 @@ from streams.refetch import OffsetGaps
 
 def test_forward_jumps_are_gaps_and_redeliveries_are_not() -> None:
     gaps = OffsetGaps()
-    assert gaps.observe(0, 16) is None  # first record seen: nothing known before it
-    assert gaps.observe(0, 17) is None
-    assert gaps.observe(0, 18) is None
-    assert gaps.observe(0, 17) is None  # seek back after a rebalance: redelivery
-    assert gaps.observe(0, 18) is None
-    assert gaps.observe(0, 20) == (19, 20)  # 19 never reached the agent
-    assert gaps.observe(1, 5) is None  # partitions are independent
-    assert gaps.observe(0, 24) == (21, 24)
+    assert gaps.observe("in", 0, 16) is None  # first record seen: nothing known before it
+    assert gaps.observe("in", 0, 17) is None
+    assert gaps.observe("in", 0, 18) is None
+    assert gaps.observe("in", 0, 17) is None  # seek back after a rebalance: redelivery
+    assert gaps.observe("in", 0, 18) is None
+    assert gaps.observe("in", 0, 20) == (19, 20)  # 19 never reached the agent
+    assert gaps.observe("in", 1, 5) is None  # partitions are independent
+    assert gaps.observe("steps", 0, 30) is None  # and so are topics
+    assert gaps.observe("in", 0, 24) == (21, 24)
 
 
 def test_forget_after_a_rebalance() -> None:
     gaps = OffsetGaps()
-    assert gaps.observe(3, 24) is None
+    assert gaps.observe("in", 3, 24) is None
     gaps.forget()  # revoked: the next offset may be anything
-    assert gaps.observe(3, 40) is None
-    assert gaps.observe(3, 42) == (41, 42)
+    assert gaps.observe("in", 3, 40) is None
+    assert gaps.observe("in", 3, 42) == (41, 42)
