@@ -526,15 +526,23 @@ def test_two_workers_split_partitions_and_answer_for_each_other(
         a.produce(records)
         assert event_ids(a, corpus.event_ids) >= corpus.event_ids
         assert run_outcomes(a, corpus.runs) == corpus.runs
+        expected_loops = len(corpus.events) + len(open_runs)
         for worker in (a, b):
             health = worker.api("/healthz")[1]
             assert health["active_runs"] < len(open_runs)  # each holds only its share
             for run_id in open_runs:  # routed to the owner of the key
                 status, doc = worker.api(f"/runs/{run_id}")
                 assert status == 200 and doc["found"], (worker.web_port, run_id, doc)
-            # each worker sums its own windows and its peer's
-            loops = worker.api("/loops?by=shape")[1]["rows"]
-            assert sum(r["events"] for r in loops) == len(corpus.events) + len(open_runs)
+            # Each worker sums its own windows and its peer's. The open runs' events are
+            # released by ticks, possibly after the corpus's events: wait for exactly them.
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                loops = worker.api("/loops?by=shape")[1]["rows"]
+                total = sum(r["events"] for r in loops)
+                if total == expected_loops or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            assert total == expected_loops, (worker.web_port, loops)
             runs = worker.api("/runs")[1]["rows"]
             assert sum(r["runs"] for r in runs) == len(corpus.runs)
         local = [
