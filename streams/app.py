@@ -78,7 +78,6 @@ from detectors.state import (
     WIN_TOOL,
     RunState,
 )
-from streams import store as bounded_store
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import STEP_ERRORS, Normalizer
 from streams.otlp import decode_record
@@ -904,7 +903,7 @@ class LoopwatchService:
         self.app: Any = cast(Any, faust.App)(
             s.app_id,
             broker=s.broker_url,
-            store=bounded_store.register() if s.store == "rocksdb://" else s.store,
+            store=s.store,
             datadir=str(s.data_path / "{conf.id}"),
             processing_guarantee="at_least_once",
             topic_partitions=detect_partitions,
@@ -1558,7 +1557,6 @@ class LoopwatchService:
                 if self.input_clock is None
                 else round(max(0, time.time_ns() - self.input_clock.now_ns) / NS, 1)
             ),
-            "rocksdb_memory": bounded_store.memory_report(),
             "app_id": self.settings.app_id,
             "uptime_seconds": round(time.time() - self.started, 1),
         }

@@ -81,12 +81,9 @@ variable                                  default                     meaning
 ``LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB``     ``4``                       rocksdb memtable size per
                                                                       table partition (2 of them at
                                                                       most before a flush)
-``LOOPWATCH_ROCKSDB_MEMORY_MB``           ``64``                      rocksdb memory of the whole
-                                                                      process: one block cache that
-                                                                      every table partition shares,
-                                                                      memtables and index/filter
-                                                                      blocks charged to it
-                                                                      (streams/store.py)
+``LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB``      ``8``                       rocksdb read cache per table
+                                                                      partition (faust's default is
+                                                                      2 GiB each: RSS kept growing)
 ========================================  ==========================  =========================
 
 Every value is validated; a bad one is a `ConfigError` naming the variable and what was
@@ -109,10 +106,6 @@ STORES = ("rocksdb://", "memory://")
 GROUPINGS = ("partition", "run")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-# Settings that were replaced: setting one is an error, not a silent no-op.
-RENAMED = {
-    "LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB": "LOOPWATCH_ROCKSDB_MEMORY_MB (one budget for all partitions)"
-}
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -152,7 +145,7 @@ class WorkerSettings:
     log_level: str = "warning"
     input_clock: bool = False
     rocksdb_write_buffer_mb: int = 4
-    rocksdb_memory_mb: int = 64
+    rocksdb_block_cache_mb: int = 8
 
     @property
     def broker_url(self) -> str:
@@ -172,14 +165,15 @@ class WorkerSettings:
         return Path(self.data_dir).expanduser().resolve()
 
     def rocksdb_options(self) -> dict[str, int]:
-        """Store options for every table partition (streams/store.py): all partitions share
-        one memory budget; a memtable is flushed at the write buffer size."""
+        """Store options for every table partition: memory per partition is bounded by
+        ``2 * write buffer + block cache`` (faust's defaults allow 3 x 64 MiB + 2 GiB)."""
         mib = 1024 * 1024
         return {
             "write_buffer_size": self.rocksdb_write_buffer_mb * mib,
             "max_write_buffer_number": 2,
             "target_file_size_base": max(self.rocksdb_write_buffer_mb, 8) * mib,
-            "memory_bytes": self.rocksdb_memory_mb * mib,
+            "block_cache_size": self.rocksdb_block_cache_mb * mib,
+            "block_cache_compressed_size": self.rocksdb_block_cache_mb * mib,
         }
 
     def changelog_topic(self, table: str) -> str:
@@ -190,9 +184,6 @@ class WorkerSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSettings:
         env = os.environ if environ is None else environ
         reader = _Reader(env)
-        for old, new in RENAMED.items():
-            if reader._raw(old) is not None:
-                raise ConfigError(f"{old} is no longer read; use {new}")
         d = cls()
         values = {
             "bootstrap": reader.text("LOOPWATCH_BOOTSTRAP", d.bootstrap),
@@ -250,8 +241,8 @@ class WorkerSettings:
             "rocksdb_write_buffer_mb": reader.integer(
                 "LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB", d.rocksdb_write_buffer_mb, 1, 4096
             ),
-            "rocksdb_memory_mb": reader.integer(
-                "LOOPWATCH_ROCKSDB_MEMORY_MB", d.rocksdb_memory_mb, 8, 65536
+            "rocksdb_block_cache_mb": reader.integer(
+                "LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB", d.rocksdb_block_cache_mb, 1, 65536
             ),
         }
         settings = cls(**values)  # type: ignore[arg-type]

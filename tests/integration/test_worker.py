@@ -475,11 +475,7 @@ def test_restart_sigterm_and_sigkill_keep_event_ids(
             assert time.monotonic() < deadline, worker.log_tail()
             time.sleep(0.3)
         assert event_ids(worker, corpus.event_ids) == corpus.event_ids
-        health = worker.api("/healthz")[1]
-        assert health["active_runs"] == 0
-        # every table partition's rocksdb charged to the one shared budget (streams/store.py)
-        assert health["rocksdb_memory"]["budget_mib"] == 64, health
-        assert 0 < health["rocksdb_memory"]["used_mib"] <= 64, health
+        assert worker.api("/healthz")[1]["active_runs"] == 0
         assert worker.stop(signal.SIGTERM) == 0
     finally:
         worker.cleanup()
