@@ -1152,9 +1152,7 @@ class LoopwatchService:
                         )
                     )
                     self.counters["step_messages_sent"] += 1
-            self.metrics.record_consumed(message.topic, spans=n_spans)
-            self.counters["records"] += 1
-            self.counters["spans"] += n_spans
+            self._count_input(message.topic, n_spans)
         except Exception as exc:  # never crash the agent on input
             log.exception(
                 "ingest: unexpected error on %s/%s@%s",
@@ -1182,6 +1180,12 @@ class LoopwatchService:
         self.counters["dead_letters"] += 1
         return future
 
+    def _count_input(self, topic: str, n_spans: int) -> None:
+        """One decoded input record (ingest, or keyed detect)."""
+        self.metrics.record_consumed(topic, spans=n_spans)
+        self.counters["records"] += 1
+        self.counters["spans"] += n_spans
+
     async def _collect(
         self,
         record: Any,
@@ -1199,9 +1203,7 @@ class LoopwatchService:
             if decoded is None:
                 return
             by_run, n_spans, _ = decoded
-            self.metrics.record_consumed(record.topic, spans=n_spans)
-            self.counters["records"] += 1
-            self.counters["spans"] += n_spans
+            self._count_input(record.topic, n_spans)
             for run_id, steps in by_run.items():
                 groups.setdefault((record.partition, run_id), []).append((event, steps))
             return
