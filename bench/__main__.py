@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"target p99 <= 1 s; {lat['events']}/{lat['expected_events']} replay events",
             ),
             (
-                "  same, every distinct event (lateness-released ones too)",
+                "  same, every distinct event (also those the replay does not find)",
                 f"p99 {lat['p99_all_events_s'] * 1000:,.0f} ms",
                 f"{lat['events_not_in_replay']} events not in the replay",
             ),
