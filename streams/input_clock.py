@@ -9,19 +9,18 @@ are then compared with min(wall clock, input clock): in steady state that trails
 clock by the commit interval; after downtime it holds runs until the backlog is drained.
 
 `InputClock` is the bookkeeping (pure, unit tested); `KafkaInputProbe` reads end offsets
-and the group's committed offsets with a confluent-kafka AdminClient (blocking: run it in
-an executor).
+and the group's committed offsets with a confluent-kafka consumer that never joins the
+group (blocking: run it in an executor).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Mapping
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -56,40 +55,66 @@ class InputClock:
 
 
 class KafkaInputProbe:
-    """End offsets of the input topic and the group's committed offsets, read with an
-    AdminClient: it needs no group id of its own and can be rebuilt after an error."""
+    """End offsets of the input topic and the group's committed offsets.
+
+    A plain consumer with the group's id that never subscribes: it does not join the group
+    (no rebalance), it only asks the coordinator for committed offsets (OffsetFetch). Not
+    an AdminClient: librdkafka's admin coordinator requests crash the process (SIGSEGV)
+    when the connection drops mid-request, which a broker restart made happen here
+    (librdkafka PR #5397). After an error the consumer is closed, on this thread, and
+    rebuilt: after a broker restart an old client kept timing out."""
 
     def __init__(self, bootstrap: str, group: str, topic: str, timeout: float = 5.0) -> None:
         self.topic = topic
         self.bootstrap = bootstrap
         self.group = group
         self.timeout = timeout
-        self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        self._consumer: Consumer | None = None
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": self.group,
+                    "enable.auto.commit": False,
+                    "log_level": 0,
+                }
+            )
+        return self._consumer
 
     def read(self) -> tuple[dict[int, int], dict[int, int]] | None:
         """(end offsets, committed offsets) by partition; None when the broker cannot say."""
         try:
-            md = self._admin.list_topics(self.topic, timeout=self.timeout)
-            tps = [TopicPartition(self.topic, p) for p in sorted(md.topics[self.topic].partitions)]
-            ends = self._offsets(tps, OffsetSpec.latest())  # type: ignore[no-untyped-call]
-            starts = self._offsets(tps, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
-            request = [ConsumerGroupTopicPartitions(self.group, tps)]
-            future = self._admin.list_consumer_group_offsets(request, request_timeout=self.timeout)[
-                self.group
-            ]
+            consumer = self._client()
+            md = consumer.list_topics(self.topic, timeout=self.timeout)
+            topic = md.topics.get(self.topic)
+            if topic is None or topic.error is not None:
+                raise KafkaException(topic.error if topic is not None else "topic not found")
+            ends: dict[int, int] = {}
+            starts: dict[int, int] = {}
+            for p in sorted(topic.partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=self.timeout
+                )
+                starts[p], ends[p] = low, high
             committed: dict[int, int] = {}
-            for tp in future.result(timeout=self.timeout).topic_partitions:
+            tps = [TopicPartition(self.topic, p) for p in ends]
+            for tp in consumer.committed(tps, timeout=self.timeout):
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
                 # No commit yet: the group starts from the earliest record (reset policy).
                 committed[tp.partition] = tp.offset if tp.offset >= 0 else starts[tp.partition]
             return ends, committed
-        except (KafkaException, KeyError, TimeoutError, concurrent.futures.TimeoutError) as exc:
+        except (KafkaException, RuntimeError) as exc:
             log.warning(
                 "input clock: offsets of %s unavailable: %s", self.topic, exc or type(exc).__name__
             )
-            # After a broker restart this client kept timing out: start afresh next time.
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+            self.close()
             return None
 
-    def _offsets(self, tps: list[TopicPartition], spec: OffsetSpec) -> dict[int, int]:
-        futures = self._admin.list_offsets({tp: spec for tp in tps}, request_timeout=self.timeout)
-        return {tp.partition: f.result(timeout=self.timeout).offset for tp, f in futures.items()}
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.close()
