@@ -112,7 +112,9 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
 
 
 def release(policy: Policy, state: RunState, watermark_ns: int | None = None) -> list[Finding]:
-    """Feed every buffered step that is ready at this event-time watermark."""
+    """Feed every buffered step that is ready at this event-time watermark: by default the
+    run's latest span end (spans arrive in export order, as in a replay); a driver whose
+    arrivals may be out of order passes the event time it can vouch for instead."""
     if not state.pending:
         return []
     return _release(policy, state, watermark_ns, force_one=False)
@@ -270,7 +272,8 @@ def _release(
     force_all: bool = False,
 ) -> list[Finding]:
     keyed = _ordered(state)
-    horizon = max(state.max_end_ns, watermark_ns or 0) - int(policy.allowed_lateness_seconds * 1e9)
+    event_time = state.max_end_ns if watermark_ns is None else watermark_ns
+    horizon = event_time - int(policy.allowed_lateness_seconds * 1e9)
     contiguous = _contiguous_upto(state, keyed) if policy.release_on_sequence else None
     ctx = Context(policy, state)
     released = 0

@@ -33,6 +33,9 @@ Topology (contracts.md §1, §6; architecture.md "The flow")::
   has due work; detect handles the tick after everything already queued on that partition
   (a backlog is processed before its runs can time out), releasing, finalizing, evicting
   (``LOOPWATCH_MAX_ACTIVE_RUNS``) and expiring finished-run markers of that partition.
+  The tick carries the deadline clock of its send time and detect judges deadlines by
+  that value: steps ingest delivered before the clock advanced are ahead of the tick on
+  the partition, steps delivered after it may be behind it.
 * **finished runs**: table ``finished`` (run id -> finished time, expired after
   ``LOOPWATCH_FINISHED_TTL_SECONDS``) makes late spans of a finished run count as
   ``spans_after_finalize`` (metric ``late_spans``) instead of opening a new run.
@@ -59,7 +62,7 @@ import re
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -91,6 +94,35 @@ NS = 1_000_000_000
 INPUT_PROBE_STALE_NS = 30 * NS
 ENVELOPE_VERSION = 1
 TICK_VALUE_PREFIX = b"{"  # steps messages are JSON arrays, ticks JSON objects
+
+
+def encode_tick(sent_ns: int, clock_ns: int) -> bytes:
+    """A tick: its send time and the deadline clock (wall or input clock) at that time."""
+    return json.dumps({"tick": sent_ns, "clock": clock_ns}).encode()
+
+
+CLOCK_HEADER = "loopwatch-input-clock"  # on steps messages: the input clock at send time
+
+
+def sent_clock(message: Any) -> int | None:
+    """The input clock a steps message was sent at (its CLOCK_HEADER); None without one."""
+    headers = getattr(message, "headers", None) or ()
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for name, value in pairs:
+        if name == CLOCK_HEADER and value:
+            try:
+                return int(bytes(value))
+            except ValueError:
+                return None
+    return None
+
+
+def tick_clock(value: bytes) -> int | None:
+    """The deadline clock a tick carries; None for a tick without one (older workers)."""
+    clock = json.loads(value).get("clock")
+    return clock if isinstance(clock, int) and not isinstance(clock, bool) else None
+
+
 _END = STEP_FIELDS.index("end_ns")
 
 # Labels of the /loops and /runs aggregates (order = the row fields).
@@ -158,6 +190,9 @@ class Envelope:
     max_end_ns: int
     root_end_ns: int | None
     pending: int
+    # Unkeyed input with the input clock: the run's event time the clock has vouched for
+    # (`RunDriver.process_run`); None until then, and always with keyed input.
+    confirmed_end_ns: int | None = None
 
     def header(self) -> bytes:
         return json.dumps(
@@ -169,15 +204,17 @@ class Envelope:
                 "max_end": self.max_end_ns,
                 "root_end": self.root_end_ns,
                 "pending": self.pending,
+                "confirmed": self.confirmed_end_ns,
             },
             separators=(",", ":"),
         ).encode("utf-8")
 
 
-def encode_envelope(state: RunState, partition: int, seen_ns: int, first_ns: int) -> bytes:
-    env = Envelope(
-        partition, seen_ns, first_ns, state.max_end_ns, state.root_end_ns, len(state.pending)
-    )
+def encode_envelope(state: RunState, env: Envelope) -> bytes:
+    """`env` (its state-derived fields refreshed from `state`) + the encoded state."""
+    env.max_end_ns = state.max_end_ns
+    env.root_end_ns = state.root_end_ns
+    env.pending = len(state.pending)
     return env.header() + b"\n" + encode_state(state)
 
 
@@ -186,7 +223,15 @@ def decode_header(raw: bytes) -> Envelope:
     h = json.loads(head)
     if h.get("v") != ENVELOPE_VERSION:
         raise ValueError(f"run envelope version {h.get('v')!r} is not {ENVELOPE_VERSION}")
-    return Envelope(h["p"], h["seen"], h["first"], h["max_end"], h["root_end"], h["pending"])
+    return Envelope(
+        h["p"],
+        h["seen"],
+        h["first"],
+        h["max_end"],
+        h["root_end"],
+        h["pending"],
+        h.get("confirmed"),  # absent in envelopes written before it existed
+    )
 
 
 def decode_envelope(raw: bytes) -> tuple[Envelope, RunState]:
@@ -455,36 +500,51 @@ class RunDriver:
         finished: Table,
         partition: int,
         run_id: str,
-        batches: list[list[Step]],
+        batches: list[tuple[list[Step], int | None]],
         now_ns: int,
     ) -> Outputs:
-        """Steps of one run, from one or more messages in arrival order; one state write
-        (pending until `take_writes`). Nothing shared changes unless it succeeds."""
+        """Steps of one run, from one or more messages in arrival order, each with the
+        input clock it was sent at (None: keyed input, wall-clock mode, older workers); one
+        state write (pending until `take_writes`). Nothing shared changes unless it succeeds.
+
+        Release at arrival: a run's spans on unkeyed input come from several input
+        partitions, one possibly far behind, so a span with a late end time can arrive
+        before earlier ones and its end time must not release them. The event time used
+        is then only what the input clock vouches for: the run's latest end as of its
+        previous arrival, once a message sent at an input clock past that arrival comes
+        in (everything produced before then has been forwarded, ahead of this message).
+        This holds when an exporter sends a trace's spans within `allowed_lateness` of
+        their order, the same assumption the replay makes about arrival order."""
         out = Outputs()
         key = run_id.encode("utf-8")
         loaded = self._load(runs, key, run_id)
         if loaded is None:
             if self._is_finished(finished, key):
-                out.spans_after_finalize = sum(len(b) for b in batches)
+                out.spans_after_finalize = sum(len(steps) for steps, _ in batches)
                 return out
             state = pipeline.new_state(run_id)
-            first_ns = now_ns
+            env = Envelope(partition, now_ns, now_ns, 0, None, 0)
+            previous_arrival: int | None = None
         else:
             env, state = loaded
-            first_ns = env.first_ns
+            previous_arrival = env.seen_ns
         policy = self.policy
         before_dup = state.duplicate_spans
         findings = []
-        for steps in batches:
+        for steps, sent_clock in batches:
+            watermark = None  # the run's own latest end: arrivals are in export order
+            if sent_clock is not None:
+                if previous_arrival is not None and sent_clock >= previous_arrival:
+                    env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
+                watermark = env.confirmed_end_ns or 0
+            previous_arrival = now_ns
             for step in steps:
                 findings.extend(pipeline.ingest(policy, state, step))
-            findings.extend(pipeline.release(policy, state))
+            findings.extend(pipeline.release(policy, state, watermark))
         out.events = [build_event(f, run_id, policy) for f in findings]
         out.duplicate_spans = state.duplicate_spans - before_dup
-        self.pending_runs[key] = (partition, encode_envelope(state, partition, now_ns, first_ns))
-        env = Envelope(
-            partition, now_ns, first_ns, state.max_end_ns, state.root_end_ns, len(state.pending)
-        )
+        env.partition, env.seen_ns = partition, now_ns
+        self.pending_runs[key] = (partition, encode_envelope(state, env))
         self._keep(run_id, env, state)
         self.index.set(run_id, self.deadline_for(env))
         return out
@@ -517,15 +577,13 @@ class RunDriver:
                 self.index.remove(run_id)
                 continue
             # Release: the run clock is its event time advanced by the wall time since its
-            # last span arrived.
+            # last span arrived. The clock passed that arrival: its event time is vouched for.
+            if now_ns >= env.seen_ns:
+                env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
             watermark = state.max_end_ns + (now_ns - env.seen_ns)
             findings = pipeline.release(policy, state, watermark)
             out.events.extend(build_event(f, run_id, policy) for f in findings)
-            self.pending_runs[key] = (
-                partition,
-                encode_envelope(state, partition, env.seen_ns, env.first_ns),
-            )
-            env.pending = len(state.pending)
+            self.pending_runs[key] = (partition, encode_envelope(state, env))
             self._keep(run_id, env, state)
             nxt = self.deadline_for(env)
             if nxt.release_at is not None and nxt.release_at <= now_ns:
@@ -880,8 +938,7 @@ class LoopwatchService:
         self._refetchers: dict[str, Refetcher] = {}  # by topic
         # Unkeyed input: deadlines wait for the group's progress through every input
         # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
-        # Opt-in (LOOPWATCH_INPUT_CLOCK): a two-worker CI run once missed an event for 60 s
-        # with it on, unexplained; until that is understood the wall clock stays the default.
+        # On by default (LOOPWATCH_INPUT_CLOCK=false turns it off).
         self.input_clock: InputClock | None = (
             InputClock(time.time_ns()) if s.input_clock and not self.keyed else None
         )
@@ -1022,13 +1079,8 @@ class LoopwatchService:
             # records were committed whose steps were never sent.
             manual = stream.noack()
             async for event in manual.events():
-                message = event.message
-                pending = []
-                skipped = self._gaps.observe(message.topic, message.partition, message.offset)
-                if skipped is not None:
-                    pending += await self.ingest_skipped(*skipped, message)
-                pending += await self.ingest_record(event)
-                self._ack_when_delivered(manual, event, pending)
+                pending, refetched = await self.ingest_event(event)
+                self._ack_when_delivered(manual, event, pending, refetched)
 
         async def detect(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max, within=s.batch_within_ms / 1000):
@@ -1068,18 +1120,35 @@ class LoopwatchService:
         self.counters["refetched_records"] += len(events)
         return events
 
-    async def ingest_skipped(self, first: int, end: int, revealed_by: Any) -> list[Any]:
-        """Ingest the records the stream skipped before `revealed_by`."""
+    async def ingest_event(self, event: Any) -> tuple[list[Any], list[Any]]:
+        """Ingest one streamed input record, after any records the stream skipped before it
+        (read back from the broker). Returns the delivery futures of what was sent and the
+        read-back events (acknowledged together with `event`)."""
+        message = event.message
         pending: list[Any] = []
-        for event in await self._refetch(first, end, revealed_by):
-            pending += await self.ingest_record(event)
-        return pending
+        refetched: list[Any] = []
+        skipped = self._gaps.observe(message.topic, message.partition, message.offset)
+        if skipped is not None:
+            refetched = await self._refetch(*skipped, message)
+            for skipped_event in refetched:
+                pending += await self.ingest_record(skipped_event)
+        pending += await self.ingest_record(event)
+        return pending, refetched
 
-    def _ack_when_delivered(self, stream: Any, event: Any, pending: list[Any]) -> None:
-        """Ack `event` once `pending` is delivered, after the previous record of its
-        partition: faust commits up to the first gap in the acked offsets, but on a freshly
-        assigned partition it does not see a gap at the head, so an out-of-order ack would
-        commit past a record still in flight."""
+    def _ack_refetched(self, events: list[Any]) -> None:
+        """Acknowledge read-back records to faust's consumer (streams/refetch.py): it
+        commits only up to the first offset it has not seen acknowledged."""
+        consumer = self.app.consumer
+        for event in events:
+            consumer.ack(event.message)
+
+    def _ack_when_delivered(
+        self, stream: Any, event: Any, pending: list[Any], refetched: list[Any]
+    ) -> None:
+        """Ack `event` (and the records read back before it) once `pending` is delivered,
+        after the previous record of its partition: faust commits up to the first gap in
+        the acked offsets, but on a freshly assigned partition it does not see a gap at the
+        head, so an out-of-order ack would commit past a record still in flight."""
         tp = event.message.tp
         before = self._last_ack.get(tp)
 
@@ -1094,6 +1163,7 @@ class LoopwatchService:
                 # processed again after a restart or rebalance, and lag shows it.
                 log.exception("ingest: steps of %s not delivered", event.message.offset)
                 return
+            self._ack_refetched(refetched)
             await stream.ack(event)
 
         task = asyncio.ensure_future(ack())
@@ -1130,11 +1200,15 @@ class LoopwatchService:
                 return pending
             by_run, n_spans, _invalid = decoded
             ts = message.timestamp
+            headers = self._clock_headers()
             if self.settings.steps_grouping == "run":
                 for run_id, steps in by_run.items():
                     pending.append(
                         await self.steps_topic.send(
-                            key=run_id.encode("utf-8"), value=encode_steps(steps), timestamp=ts
+                            key=run_id.encode("utf-8"),
+                            value=encode_steps(steps),
+                            timestamp=ts,
+                            headers=headers,
                         )
                     )
             else:
@@ -1148,7 +1222,11 @@ class LoopwatchService:
                 for p, groups in by_partition.items():
                     pending.append(
                         await self.steps_topic.send(
-                            key=None, value=encode_run_groups(groups), partition=p, timestamp=ts
+                            key=None,
+                            value=encode_run_groups(groups),
+                            partition=p,
+                            timestamp=ts,
+                            headers=headers,
                         )
                     )
                     self.counters["step_messages_sent"] += 1
@@ -1162,6 +1240,13 @@ class LoopwatchService:
             )
             pending.append(await self._dead_letter(message, "internal_error", type(exc).__name__))
         return pending
+
+    def _clock_headers(self) -> dict[str, bytes] | None:
+        """The input clock a steps message is sent at (RunDriver.process_run): every input
+        record committed by then has its steps ahead of this message on the steps topic."""
+        if self.input_clock is None:
+            return None
+        return {CLOCK_HEADER: str(self.clock_ns()).encode()}
 
     async def _dead_letter(self, message: Any, reason: str, error: str) -> Any:
         """Send a dead letter; returns its delivery future."""
@@ -1191,8 +1276,8 @@ class LoopwatchService:
         record: Any,
         event: Any,
         streamed: bool,
-        groups: dict[tuple[int, str], list[tuple[Any, list[Step]]]],
-        ticks: dict[int, Any],
+        groups: dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]],
+        ticks: dict[int, tuple[Any, int | None]],
         dead: list[Any],
     ) -> None:
         """Add one record's steps to `groups` (keyed input: decoded here; steps topic: as
@@ -1205,7 +1290,7 @@ class LoopwatchService:
             by_run, n_spans, _ = decoded
             self._count_input(record.topic, n_spans)
             for run_id, steps in by_run.items():
-                groups.setdefault((record.partition, run_id), []).append((event, steps))
+                groups.setdefault((record.partition, run_id), []).append((event, steps, None))
             return
         # Counted like input records: the stall alert pairs each topic's lag with its
         # consumed records, and lag is exported for the steps topic too.
@@ -1213,20 +1298,22 @@ class LoopwatchService:
         value = record.value
         if value is not None and bytes(value[:1]) == TICK_VALUE_PREFIX:
             if streamed:
-                ticks[record.partition] = event
+                ticks[record.partition] = (event, tick_clock(value))
             return
+        clock = sent_clock(record)
         if record.key is None:  # partition-grouped: several runs
             for run_id, steps in decode_run_groups(value):
-                groups.setdefault((record.partition, run_id), []).append((event, steps))
+                groups.setdefault((record.partition, run_id), []).append((event, steps, clock))
             return
         groups.setdefault((record.partition, _text(record.key)), []).append(
-            (event, decode_steps(value))
+            (event, decode_steps(value), clock)
         )
 
     async def detect_batch(self, events: list[Any]) -> None:
-        groups: dict[tuple[int, str], list[tuple[Any, list[Step]]]] = {}
-        ticks: dict[int, Any] = {}
+        groups: dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]] = {}
+        ticks: dict[int, tuple[Any, int | None]] = {}
         dead: list[Any] = []  # dead letters' delivery futures: awaited before the batch acks
+        refetched: list[Any] = []  # acknowledged with the batch, once it is done
         for event in events:
             message = event.message
             records = [message]
@@ -1235,7 +1322,9 @@ class LoopwatchService:
                 # Records the stream skipped (streams/refetch.py) go first, attributed to this
                 # event: same partition, so the table writes land where they belong. A failed
                 # read raises: the batch, and the record that revealed the gap, stay unacked.
-                records[:0] = [e.message for e in await self._refetch(*skipped, message)]
+                read_back = await self._refetch(*skipped, message)
+                refetched += read_back
+                records[:0] = [e.message for e in read_back]
             for record in records:
                 try:
                     await self._collect(record, event, record is message, groups, ticks, dead)
@@ -1259,12 +1348,12 @@ class LoopwatchService:
                     self.finished,
                     partition,
                     run_id,
-                    [steps for _, steps in items],
+                    [(steps, clock) for _, steps, clock in items],
                     time.time_ns(),
                 )
             except Exception as exc:
                 log.exception("detect: run %s failed; its message(s) are dead-lettered", run_id)
-                for ev, _ in items:
+                for ev, _, _ in items:
                     dead.append(
                         await self._dead_letter(ev.message, "internal_error", type(exc).__name__)
                     )
@@ -1273,14 +1362,17 @@ class LoopwatchService:
             partition_event[partition] = items[-1][0]
             self.counters["run_parts"] += len(items)
             now = time.time()
-            for ev, _ in items:
+            for ev, _, _ in items:
                 ts = ev.message.timestamp
                 if ts:
                     self.metrics.processing_latency.observe(max(0.0, now - ts))
-        for partition, event in ticks.items():
+        for partition, (event, sent_clock) in ticks.items():
             self.tick_sent.pop(partition, None)
+            # The clock as the tick was sent, not as it is now: a step delivered after the
+            # send (and committed, advancing the clock) may still be queued behind the tick.
+            now_ns = self.clock_ns() if sent_clock is None else sent_clock
             try:
-                out = self.driver.tick(self.runs, self.finished, partition, self.clock_ns())
+                out = self.driver.tick(self.runs, self.finished, partition, now_ns)
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue
@@ -1302,6 +1394,7 @@ class LoopwatchService:
                     tables[table].pop(key, None)
                 else:
                     tables[table][key] = value
+        self._ack_refetched(refetched)
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
@@ -1401,8 +1494,9 @@ class LoopwatchService:
         if not self.ready:
             return
         now = time.time()
+        clock_ns = self.clock_ns()
         assigned = self.assigned_partitions()
-        for partition in sorted(self.driver.due_partitions(self.clock_ns())):
+        for partition in sorted(self.driver.due_partitions(clock_ns)):
             if partition not in assigned:
                 continue
             sent = self.tick_sent.get(partition)
@@ -1411,7 +1505,7 @@ class LoopwatchService:
             self.tick_sent[partition] = now
             await self.steps_topic.send(
                 key=None,
-                value=json.dumps({"tick": time.time_ns()}).encode(),
+                value=encode_tick(time.time_ns(), clock_ns),
                 partition=partition,
             )
         self.metrics.active_runs.set(len(self.driver.index))

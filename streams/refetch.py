@@ -7,7 +7,10 @@ were lost). Both agents therefore track the last offset they processed per topic
 partition (ingest: the input; detect: the internal steps topic, and the input when it is
 keyed by run); a forward jump is read back from the broker with a consumer outside the
 group and processed before the record that revealed it (offsets of transaction markers
-come back empty, which is fine). A skip of a partition's first record after an assignment is
+come back empty, which is fine). Once processed, the read-back offsets are acknowledged
+to faust's consumer like streamed ones: faust commits only up to the first offset it has
+not seen acknowledged, so without that the partition's committed offset stayed at the
+skip until the next restart (and, with the input clock, every run's deadlines with it). A skip of a partition's first record after an assignment is
 not detected: reading the committed offsets in the recovery callback (an AdminClient
 call) made a two-worker test flaky, so it was taken out.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from faust.types import TP, Message
 
 
 class OffsetGaps:
@@ -44,24 +48,11 @@ class OffsetGaps:
 
 
 @dataclass(slots=True)
-class RefetchedMessage:
-    """The fields of a faust message that ingest reads."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: float
-
-    @property
-    def tp(self) -> tuple[str, int]:
-        return (self.topic, self.partition)
-
-
-@dataclass(slots=True)
 class RefetchedEvent:
-    message: RefetchedMessage
+    """What the agents read of a faust event: its message (a faust Message, so that the
+    consumer can acknowledge its offset like a streamed one)."""
+
+    message: Message
 
 
 class Refetcher:
@@ -94,19 +85,20 @@ class Refetcher:
                     raise KafkaException(msg.error())
                 if msg.offset() >= end:
                     break
-                _kind, ts_ms = msg.timestamp()
-                out.append(
-                    RefetchedEvent(
-                        RefetchedMessage(
-                            self.topic,
-                            partition,
-                            msg.offset(),
-                            msg.key(),
-                            msg.value(),
-                            ts_ms / 1000.0 if ts_ms > 0 else 0.0,
-                        )
-                    )
+                kind, ts_ms = msg.timestamp()
+                message = Message(
+                    self.topic,
+                    partition,
+                    msg.offset(),
+                    ts_ms / 1000.0 if ts_ms > 0 else 0.0,
+                    kind,
+                    msg.headers(),
+                    msg.key(),
+                    msg.value(),
+                    None,
+                    tp=TP(self.topic, partition),
                 )
+                out.append(RefetchedEvent(message))
                 if msg.offset() >= end - 1:
                     break
         finally:

@@ -74,10 +74,11 @@ variable                                  default                     meaning
                                                                       long a crashed worker keeps
                                                                       its partitions
 ``LOOPWATCH_LOG_LEVEL``                   ``warning``                 worker log level
-``LOOPWATCH_INPUT_CLOCK``                 ``false``                   ``true`` (unkeyed input): hold
-                                                                      run deadlines until the group
+``LOOPWATCH_INPUT_CLOCK``                 ``true``                    unkeyed input: hold run
+                                                                      deadlines until the group
                                                                       has processed the input
-                                                                      backlog (streams/input_clock.py)
+                                                                      backlog (streams/input_clock.py);
+                                                                      ``false``: wall clock only
 ``LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB``     ``4``                       rocksdb memtable size per
                                                                       table partition (2 of them at
                                                                       most before a flush)
@@ -143,7 +144,7 @@ class WorkerSettings:
     output_retention_hours: float = 168.0
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
-    input_clock: bool = False
+    input_clock: bool = True
     rocksdb_write_buffer_mb: int = 4
     rocksdb_block_cache_mb: int = 8
 

@@ -19,7 +19,15 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
-from streams.app import Deadline, build_app, decode_run_groups, encode_run_groups
+from streams.app import (
+    Deadline,
+    build_app,
+    decode_run_groups,
+    encode_run_groups,
+    encode_tick,
+    sent_clock,
+    tick_clock,
+)
 from streams.input_clock import InputClock
 from streams.settings import WorkerSettings
 from tests.otlp_build import encode_request
@@ -36,6 +44,7 @@ class Msg:
     key: bytes | None
     value: bytes | None
     timestamp: float = 0.0
+    headers: list[tuple[str, bytes]] | None = None
 
 
 @dataclass
@@ -55,6 +64,17 @@ class FakeTopic:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         return fut
+
+
+class FakeConsumer:
+    """faust's consumer, as far as acknowledging read-back records goes."""
+
+    def __init__(self) -> None:
+        self.acked: list[tuple[str, int, int]] = []
+
+    def ack(self, message: Any) -> bool:
+        self.acked.append((message.topic, message.partition, message.offset))
+        return True
 
 
 class FakeTable(dict):  # type: ignore[type-arg]
@@ -85,6 +105,7 @@ def service(tmp_path: Path) -> Any:
     svc.dead_topic = FakeTopic("dead", log)
     svc.runs = FakeTable("runs", log)
     svc.finished = FakeTable("finished", log)
+    svc.app.consumer = FakeConsumer()
     svc.loop_counts = defaultdict(int)
     svc.run_counts = defaultdict(int)
     return svc
@@ -203,6 +224,58 @@ async def test_unkeyed_finalization_waits_for_the_input_backlog(service: Any) ->
     assert summary["run_id"] == run.trace_id
 
 
+async def test_a_tick_judges_deadlines_by_the_clock_it_was_sent_with(service: Any) -> None:
+    """A tick sent before the clock reached a run's deadline does not finalize it, however
+    late it is handled: steps delivered after the send may be queued behind the tick."""
+    run = looping_run(9)
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.steps_topic.sent
+    p = msg["partition"]
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    due_at = time.time_ns() - 5 * 10**9  # due by the wall clock now
+    service.driver.index.set(run.trace_id, Deadline(p, due_at - 1, None, due_at))
+    assert tick_clock(encode_tick(time.time_ns(), due_at - 1)) == due_at - 1
+    early = encode_tick(time.time_ns(), due_at - 1)  # sent when the clock was short of it
+    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 1, None, early))])
+    assert service.runs_topic.sent == [] and run.trace_id.encode() in service.runs
+    await service.detect_batch(
+        [Ev(Msg("loopwatch-steps", p, 2, None, encode_tick(time.time_ns(), due_at)))]
+    )
+    (summary,) = [json.loads(m["value"]) for m in service.runs_topic.sent]
+    assert summary["run_id"] == run.trace_id
+
+
+async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> None:
+    """Ingest stamps each steps message with its input clock; detect reads it back, and a
+    clock short of the run's previous arrival vouches for nothing (no release on end
+    times), one past it for the run's end time as of then."""
+    now = time.time_ns()
+    service.input_clock = InputClock(start_ns=now - 7 * 10**9)
+    run = Run(trace=11)
+    for i in range(4):
+        run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "pending"})
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.steps_topic.sent
+    headers = list(msg["headers"].items())
+    stamped = Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"], headers=headers)
+    assert sent_clock(stamped) == now - 7 * 10**9
+    assert sent_clock(Msg("loopwatch-steps", 0, 0, None, b"[]")) is None  # older workers
+    await service.detect_batch([Ev(stamped)])
+    env, state = service.driver.cache[run.trace_id]
+    assert env.confirmed_end_ns is None  # a first arrival: nothing vouched for yet
+    first_max_end = state.max_end_ns
+    service.input_clock.now_ns = time.time_ns()  # the group got past that arrival
+    more = Run(trace=11)
+    more.tool("lookup_order", {"order_id": "B"}, {"status": "pending"})
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 2, None, encode_request(more.spans))))
+    msg = service.steps_topic.sent[-1]
+    headers = list(msg["headers"].items())
+    later = Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"], headers=headers)
+    await service.detect_batch([Ev(later)])
+    env = service.driver.cache[run.trace_id][0]
+    assert env.confirmed_end_ns == first_max_end
+
+
 def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
     clock = InputClock(start_ns=100)
     assert clock.observe(200, {0: 10, 1: 0}, {0: 5, 1: 0}) == 100  # behind on 0
@@ -242,6 +315,7 @@ async def test_keyed_detect_reads_back_a_record_the_stream_skipped(service: Any)
     assert refetcher.reads == [(1, 6, 7)]
     assert service.counters["refetched_records"] == 1
     assert len(service.runs) == 3  # the skipped record's run too
+    assert service.app.consumer.acked == [("otlp_spans", 1, 6)]  # or commits stop at 6
     shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
     assert shapes == ["identical_repetition"] * 3
 
@@ -249,12 +323,17 @@ async def test_keyed_detect_reads_back_a_record_the_stream_skipped(service: Any)
 async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_them(
     service: Any,
 ) -> None:
-    records = {o: encode_request(looping_run(200 + o).spans) for o in (3, 4)}
+    records = {o: encode_request(looping_run(200 + o).spans) for o in (2, 3, 4, 5)}
     refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
-    pending = await service.ingest_skipped(3, 5, Msg("otlp_spans", 0, 5, None, b""))
-    assert refetcher.reads == [(0, 3, 5)] and len(pending) >= 2
+    await service.ingest_event(Ev(Msg("otlp_spans", 0, 2, None, records[2])))
+    service.steps_topic.sent.clear()
+    pending, refetched = await service.ingest_event(Ev(Msg("otlp_spans", 0, 5, None, records[5])))
+    assert refetcher.reads == [(0, 3, 5)] and len(pending) >= 3
+    assert [e.message.offset for e in refetched] == [3, 4]
     forwarded = [json.loads(m["value"]) for m in service.steps_topic.sent]
-    assert sum(len(groups) for groups in forwarded) == 2  # both skipped runs forwarded
+    assert sum(len(groups) for groups in forwarded) == 3  # both skipped runs, then 5's
+    service._ack_refetched(refetched)  # what the agent does once `pending` is delivered
+    assert service.app.consumer.acked == [("otlp_spans", 0, 3), ("otlp_spans", 0, 4)]
 
 
 async def test_detect_reads_back_a_steps_message_the_stream_skipped(service: Any) -> None:
@@ -275,6 +354,7 @@ async def test_detect_reads_back_a_steps_message_the_stream_skipped(service: Any
     assert refetcher.reads == [(2, 11, 12)]
     assert service.counters["refetched_records"] == 1
     assert len(service.runs) == 3  # the skipped message's run too
+    assert service.app.consumer.acked == [("loopwatch-steps", 2, 11)]
     await service.detect_batch([Ev(Msg("loopwatch-steps", 2, 14, None, steps[13]))])
     assert refetcher.reads[-1] == (2, 13, 14)  # the skipped tick, read and dropped
     assert service.counters["refetched_records"] == 2

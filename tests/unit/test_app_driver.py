@@ -65,6 +65,8 @@ class FakeWorker:
         self.summaries: list[dict[str, Any]] = []
         self.after_finalize = 0
         self.evicted = 0
+        # The input clock steps messages carry (None: keyed input / wall-clock mode).
+        self.clock: int | None = None
 
     def collect(self, out: Any) -> None:
         self.events += out.events
@@ -78,7 +80,9 @@ class FakeWorker:
         for run_id, steps in decode_run_groups(encode_run_groups(by_run.items())):
             p = key_partition(run_id.encode(), self.partitions)
             self.collect(
-                self.driver.process_run(self.runs, self.finished, p, run_id, [steps], self.now)
+                self.driver.process_run(
+                    self.runs, self.finished, p, run_id, [(steps, self.clock)], self.now
+                )
             )
         self.driver.apply_writes(self.runs, self.finished)  # after the outputs, as the agent
 
@@ -127,6 +131,36 @@ def test_shuffled_and_duplicated_input_with_a_long_buffer_gives_the_same_ids() -
         worker.advance(10)
         assert {e["event_id"] for e in worker.events} == want
         assert len(worker.events) == len(want)  # each episode fired once
+
+
+def test_unkeyed_arrivals_out_of_order_are_held_until_the_input_clock_vouches() -> None:
+    """Spans of one trace on different input partitions, one far behind: a run's later
+    spans arrive first. Released by their end times (default lateness, 5 s) the earlier
+    ones would come late and the episodes change; the steps carry an input clock behind
+    every arrival, so nothing is released on end times until a tick vouches for them."""
+    policy = stream_policy(finalize_grace_seconds=2, idle_timeout_seconds=5)
+    want: set[str] = set()
+    want_late: dict[str, int] = {}  # one example has a late span in file order
+    messages: list[bytes] = []
+    for path in example_files():
+        msgs = list(file_messages(path))
+        events, runs = replay_messages(msgs, POLICY, KEY)
+        want |= {e["event_id"] for e in events}
+        want_late |= {r["run_id"]: r["late_spans"] for r in runs}
+        messages += msgs
+    for seed in range(3):
+        batch = list(messages)
+        random.Random(seed).shuffle(batch)
+        worker = FakeWorker(policy)
+        worker.clock = T0 - NS  # the group has not got past any of it yet
+        for m in batch:
+            worker.feed(m)
+        worker.advance(10)
+        assert {e["event_id"] for e in worker.events} == want, seed
+        # no late spans beyond the file order's own (held, that one may come in order)
+        late = {r["run_id"]: r["late_spans"] for r in worker.summaries}
+        assert late.keys() == want_late.keys()
+        assert all(n <= want_late[run_id] for run_id, n in late.items()), (seed, late)
 
 
 def test_release_timer_feeds_buffered_steps_without_a_new_span() -> None:
@@ -274,7 +308,7 @@ def test_table_writes_wait_for_the_outputs_and_reads_see_them() -> None:
         worker.finished,
         0,
         run.trace_id,
-        [[worker.normalizer.step(s) for s in run.spans]],
+        [([worker.normalizer.step(s) for s in run.spans], None)],
         worker.now,
     )
     assert [e["shape"] for e in out.events] == ["identical_repetition"]
@@ -336,9 +370,9 @@ def test_wire_formats_round_trip() -> None:
     state = pipeline.new_state("r1")
     for step in steps:
         pipeline.ingest(policy, state, step)
-    raw = encode_envelope(state, 3, 111, 100)
+    raw = encode_envelope(state, Envelope(3, 111, 100, 0, None, 0, 42))
     head = decode_header(raw)
-    assert head == Envelope(3, 111, 100, state.max_end_ns, None, len(state.pending))
+    assert head == Envelope(3, 111, 100, state.max_end_ns, None, len(state.pending), 42)
     env, back = decode_envelope(raw)
     assert json.dumps(back.to_dict()) == json.dumps(state.to_dict()) and env == head
 

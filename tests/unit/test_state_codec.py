@@ -22,7 +22,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy, load_policy
 from detectors.state import RunState
-from streams.app import decode_envelope, encode_envelope
+from streams.app import Envelope, decode_envelope, encode_envelope
 from streams.engine import Engine
 from streams.files import iter_batches
 from streams.otlp import decode_proto
@@ -188,7 +188,7 @@ def test_unusual_states_round_trip_exactly(state: RunState) -> None:
 
 def test_the_envelope_carries_the_packed_state() -> None:
     state = _odd_state()
-    raw = encode_envelope(state, 2, 10, 5)
+    raw = encode_envelope(state, Envelope(2, 10, 5, 0, None, 0))
     assert raw.split(b"\n", 1)[1] == encode_state(state)
     assert decode_envelope(raw)[1] == state
 
