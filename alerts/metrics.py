@@ -273,6 +273,12 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.input_clock_lag = Gauge(
+            PREFIX + "input_clock_lag_seconds",
+            "Seconds the input clock (unkeyed input: the group has processed every input "
+            "record older than it) trails the wall clock; run deadlines are held by it.",
+            registry=r,
+        )
         self.last_processed_timestamp = Gauge(
             PREFIX + "last_processed_timestamp_seconds",
             "Unix time at which this worker last finished processing an input record.",

@@ -943,6 +943,7 @@ class LoopwatchService:
             InputClock(time.time_ns()) if s.input_clock and not self.keyed else None
         )
         self._input_probe: KafkaInputProbe | None = None
+        self._max_lag_warned_ns = 0
         self._probe_ok_ns = time.time_ns()
         self.counters = {
             "records": 0,
@@ -1475,10 +1476,22 @@ class LoopwatchService:
 
     def clock_ns(self) -> int:
         """Now, for run deadlines: the wall clock, held back to the input clock while the
-        probe answers (a broker that cannot say must not freeze every run forever)."""
+        probe answers and by at most `input_clock_max_lag_seconds` (a broker that cannot
+        say, or a partition whose commits stopped, must not freeze every run forever)."""
         now = time.time_ns()
         if self.input_clock is None or now - self._probe_ok_ns > INPUT_PROBE_STALE_NS:
             return now
+        floor = now - int(self.settings.input_clock_max_lag_seconds * NS)
+        if self.input_clock.now_ns < floor:
+            if now - self._max_lag_warned_ns > 60 * NS:
+                self._max_lag_warned_ns = now
+                log.warning(
+                    "input clock %.0f s behind (max %.0f s): deadlines follow wall clock minus "
+                    "the maximum; a backlog older than that may be finalized early",
+                    (now - self.input_clock.now_ns) / NS,
+                    self.settings.input_clock_max_lag_seconds,
+                )
+            return floor
         return min(now, self.input_clock.now_ns)
 
     async def advance_input_clock(self) -> None:
@@ -1489,6 +1502,7 @@ class LoopwatchService:
         if offsets is not None:
             self.input_clock.observe(at, *offsets)
             self._probe_ok_ns = time.time_ns()
+        self.metrics.input_clock_lag.set(max(0, time.time_ns() - self.input_clock.now_ns) / NS)
 
     async def send_ticks(self) -> None:
         if not self.ready:

@@ -79,6 +79,12 @@ variable                                  default                     meaning
                                                                       has processed the input
                                                                       backlog (streams/input_clock.py);
                                                                       ``false``: wall clock only
+``LOOPWATCH_INPUT_CLOCK_MAX_LAG_SECONDS`` ``900``                     the input clock holds run
+                                                                      deadlines at most this far
+                                                                      behind the wall clock (a
+                                                                      partition whose commits
+                                                                      stopped must not freeze
+                                                                      every run)
 ``LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB``     ``4``                       rocksdb memtable size per
                                                                       table partition (2 of them at
                                                                       most before a flush)
@@ -145,6 +151,7 @@ class WorkerSettings:
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
     input_clock: bool = True
+    input_clock_max_lag_seconds: float = 900.0
     rocksdb_write_buffer_mb: int = 4
     rocksdb_block_cache_mb: int = 8
 
@@ -239,6 +246,9 @@ class WorkerSettings:
             ),
             "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
             "input_clock": reader.flag("LOOPWATCH_INPUT_CLOCK", d.input_clock),
+            "input_clock_max_lag_seconds": reader.number(
+                "LOOPWATCH_INPUT_CLOCK_MAX_LAG_SECONDS", d.input_clock_max_lag_seconds, 10.0
+            ),
             "rocksdb_write_buffer_mb": reader.integer(
                 "LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB", d.rocksdb_write_buffer_mb, 1, 4096
             ),

@@ -276,6 +276,18 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     assert env.confirmed_end_ns == first_max_end
 
 
+def test_the_input_clock_holds_deadlines_at_most_the_maximum_lag(service: Any) -> None:
+    """A partition whose commits stopped (a bug, a lost ack) must not freeze every run:
+    deadlines trail the wall clock by at most input_clock_max_lag_seconds."""
+    now = time.time_ns()
+    service.input_clock = InputClock(start_ns=now - 5 * 10**9)
+    assert now - 6 * 10**9 < service.clock_ns() <= now - 5 * 10**9  # held: within the cap
+    service.input_clock = InputClock(start_ns=now - 3600 * 10**9)  # stuck for an hour
+    max_lag = int(service.settings.input_clock_max_lag_seconds * 10**9)
+    assert max_lag == 900 * 10**9
+    assert now - max_lag <= service.clock_ns() <= time.time_ns() - max_lag + 10**9
+
+
 def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
     clock = InputClock(start_ns=100)
     assert clock.observe(200, {0: 10, 1: 0}, {0: 5, 1: 0}) == 100  # behind on 0
