@@ -1128,13 +1128,24 @@ class LoopwatchService:
         message = event.message
         pending: list[Any] = []
         refetched: list[Any] = []
-        skipped = self._gaps.observe(message.topic, message.partition, message.offset)
+        skipped = self._gaps.observe(
+            message.topic, message.partition, message.offset, self._committed_offset(message)
+        )
         if skipped is not None:
             refetched = await self._refetch(*skipped, message)
             for skipped_event in refetched:
                 pending += await self.ingest_record(skipped_event)
         pending += await self.ingest_record(event)
         return pending, refetched
+
+    def _committed_offset(self, message: Any) -> int | None:
+        """The committed offset faust's consumer sought `message`'s partition to (a faust
+        internal: no broker call on the hot path); None when unknown."""
+        offsets = getattr(self.app.consumer, "_committed_offset", None)
+        if not isinstance(offsets, Mapping):
+            return None
+        committed = offsets.get(message.tp)
+        return committed if isinstance(committed, int) else None
 
     def _ack_refetched(self, events: list[Any]) -> None:
         """Acknowledge read-back records to faust's consumer (streams/refetch.py): it
@@ -1318,7 +1329,9 @@ class LoopwatchService:
         for event in events:
             message = event.message
             records = [message]
-            skipped = self._gaps.observe(message.topic, message.partition, message.offset)
+            skipped = self._gaps.observe(
+                message.topic, message.partition, message.offset, self._committed_offset(message)
+            )
             if skipped is not None:
                 # Records the stream skipped (streams/refetch.py) go first, attributed to this
                 # event: same partition, so the table writes land where they belong. A failed

@@ -46,6 +46,10 @@ class Msg:
     timestamp: float = 0.0
     headers: list[tuple[str, bytes]] | None = None
 
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
 
 @dataclass
 class Ev:
@@ -71,6 +75,7 @@ class FakeConsumer:
 
     def __init__(self) -> None:
         self.acked: list[tuple[str, int, int]] = []
+        self._committed_offset: dict[tuple[str, int], int | None] = {}  # as faust's
 
     def ack(self, message: Any) -> bool:
         self.acked.append((message.topic, message.partition, message.offset))
@@ -330,6 +335,21 @@ async def test_keyed_detect_reads_back_a_record_the_stream_skipped(service: Any)
     assert service.app.consumer.acked == [("otlp_spans", 1, 6)]  # or commits stop at 6
     shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
     assert shapes == ["identical_repetition"] * 3
+
+
+async def test_detect_reads_back_the_first_record_after_an_assignment(service: Any) -> None:
+    """The partition was sought to committed offset 6, but the first record the stream
+    hands over is 7: 6 is read back, processed and acknowledged (faust's own head check
+    would commit past it)."""
+    service.keyed = True
+    runs = {o: looping_run(400 + o) for o in (6, 7)}
+    records = {o: encode_request(r.spans) for o, r in runs.items()}
+    refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
+    service.app.consumer._committed_offset[("otlp_spans", 2)] = 6
+    await service.detect_batch([Ev(Msg("otlp_spans", 2, 7, None, records[7]))])
+    assert refetcher.reads == [(2, 6, 7)]
+    assert len(service.runs) == 2
+    assert service.app.consumer.acked == [("otlp_spans", 2, 6)]
 
 
 async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_them(
