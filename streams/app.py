@@ -190,9 +190,18 @@ class Envelope:
     max_end_ns: int
     root_end_ns: int | None
     pending: int
-    # Unkeyed input with the input clock: the run's event time the clock has vouched for
-    # (`RunDriver.process_run`); None until then, and always with keyed input.
+    # Unkeyed input with the input clock (`RunDriver.process_run`): the run's event time
+    # the clock has vouched for (None until then, and always with keyed input), and the
+    # arrival waiting for it: (wall time, the run's latest end as of then).
     confirmed_end_ns: int | None = None
+    candidate: tuple[int, int] | None = None
+
+    def vouch(self, clock_ns: int) -> None:
+        """The input clock reached `clock_ns`: everything produced before then is ahead of
+        the message or tick carrying it, so the candidate arrival's event time is safe."""
+        if self.candidate is not None and clock_ns >= self.candidate[0]:
+            self.confirmed_end_ns = max(self.confirmed_end_ns or 0, self.candidate[1])
+            self.candidate = None
 
     def header(self) -> bytes:
         return json.dumps(
@@ -205,6 +214,7 @@ class Envelope:
                 "root_end": self.root_end_ns,
                 "pending": self.pending,
                 "confirmed": self.confirmed_end_ns,
+                "cand": self.candidate,
             },
             separators=(",", ":"),
         ).encode("utf-8")
@@ -223,6 +233,7 @@ def decode_header(raw: bytes) -> Envelope:
     h = json.loads(head)
     if h.get("v") != ENVELOPE_VERSION:
         raise ValueError(f"run envelope version {h.get('v')!r} is not {ENVELOPE_VERSION}")
+    candidate = h.get("cand")  # these two are absent in envelopes written before them
     return Envelope(
         h["p"],
         h["seen"],
@@ -230,7 +241,8 @@ def decode_header(raw: bytes) -> Envelope:
         h["max_end"],
         h["root_end"],
         h["pending"],
-        h.get("confirmed"),  # absent in envelopes written before it existed
+        h.get("confirmed"),
+        (candidate[0], candidate[1]) if candidate else None,
     )
 
 
@@ -510,11 +522,13 @@ class RunDriver:
         Release at arrival: a run's spans on unkeyed input come from several input
         partitions, one possibly far behind, so a span with a late end time can arrive
         before earlier ones and its end time must not release them. The event time used
-        is then only what the input clock vouches for: the run's latest end as of its
-        previous arrival, once a message sent at an input clock past that arrival comes
-        in (everything produced before then has been forwarded, ahead of this message).
-        This holds when an exporter sends a trace's spans within `allowed_lateness` of
-        their order, the same assumption the replay makes about arrival order."""
+        is then only what the input clock vouches for: the run's latest end as of an
+        earlier arrival (the candidate), once a message or tick sent at an input clock
+        past that arrival comes in (everything produced before then has been forwarded,
+        ahead of it). This holds when an exporter sends a trace's spans within
+        `allowed_lateness` of their order, the assumption the replay makes about arrival
+        order. One candidate at a time: confirmation trails arrivals by about the input
+        clock's lag, however often the run's messages come."""
         out = Outputs()
         key = run_id.encode("utf-8")
         loaded = self._load(runs, key, run_id)
@@ -524,23 +538,21 @@ class RunDriver:
                 return out
             state = pipeline.new_state(run_id)
             env = Envelope(partition, now_ns, now_ns, 0, None, 0)
-            previous_arrival: int | None = None
         else:
             env, state = loaded
-            previous_arrival = env.seen_ns
         policy = self.policy
         before_dup = state.duplicate_spans
         findings = []
         for steps, sent_clock in batches:
             watermark = None  # the run's own latest end: arrivals are in export order
             if sent_clock is not None:
-                if previous_arrival is not None and sent_clock >= previous_arrival:
-                    env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
+                env.vouch(sent_clock)
                 watermark = env.confirmed_end_ns or 0
-            previous_arrival = now_ns
             for step in steps:
                 findings.extend(pipeline.ingest(policy, state, step))
             findings.extend(pipeline.release(policy, state, watermark))
+            if sent_clock is not None and (env.candidate is None or env.candidate[0] == now_ns):
+                env.candidate = (now_ns, state.max_end_ns)
         out.events = [build_event(f, run_id, policy) for f in findings]
         out.duplicate_spans = state.duplicate_spans - before_dup
         env.partition, env.seen_ns = partition, now_ns
@@ -577,9 +589,11 @@ class RunDriver:
                 self.index.remove(run_id)
                 continue
             # Release: the run clock is its event time advanced by the wall time since its
-            # last span arrived. The clock passed that arrival: its event time is vouched for.
+            # last span arrived. Past that arrival, the clock vouches for all of it.
+            env.vouch(now_ns)
             if now_ns >= env.seen_ns:
                 env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
+                env.candidate = None
             watermark = state.max_end_ns + (now_ns - env.seen_ns)
             findings = pipeline.release(policy, state, watermark)
             out.events.extend(build_event(f, run_id, policy) for f in findings)

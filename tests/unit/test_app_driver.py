@@ -163,6 +163,31 @@ def test_unkeyed_arrivals_out_of_order_are_held_until_the_input_clock_vouches() 
         assert all(n <= want_late[run_id] for run_id, n in late.items()), (seed, late)
 
 
+def test_a_busy_run_is_released_while_the_input_clock_trails_its_arrivals() -> None:
+    """A run without sequence numbers whose messages come every 0.2 s, the input clock
+    1.5 s behind: every message arrives before the clock reaches the previous one, yet
+    release keeps up, about the clock's lag behind, not only when the run pauses."""
+    policy = stream_policy(allowed_lateness_seconds=1, finalize_grace_seconds=2)
+    worker = FakeWorker(policy)
+    run = Run(trace=77)
+    for _ in range(40):
+        # 100 ms of event time per span, two spans per message: event time keeps pace
+        run.tool("lookup_order", {"order_id": "Z"}, {"status": "pending"}, gap_ms=0)
+        run.tool("lookup_order", {"order_id": "Z"}, {"status": "pending"}, gap_ms=0)
+    released = []
+    for i in range(0, len(run.spans), 2):
+        worker.clock = worker.now - int(1.5 * NS)
+        worker.feed(encode_request(run.spans[i : i + 2]))
+        worker.advance(0.2)
+        _, state = decode_envelope(worker.runs[run.trace_id.encode()])
+        released.append(state.position)
+    # Held back: the lateness (1 s) plus one to two clock lags (a candidate waits for the
+    # clock, the next is taken at the arrival after that), 10 spans a second.
+    for i in range(20, 40):
+        assert released[i] >= 2 * (i + 1) - (10 + 2 * 15 + 2), (i, released)
+    assert worker.events and worker.events[0]["shape"] == "identical_repetition"
+
+
 def test_release_timer_feeds_buffered_steps_without_a_new_span() -> None:
     policy = stream_policy(allowed_lateness_seconds=1, idle_timeout_seconds=600)
     run = Run(trace=9)
