@@ -101,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         two = e2e_bench.throughput(args.e2e_spans, workers=2)
         keyed = e2e_bench.throughput(args.e2e_spans, workers=1, keyed=True)
         lat = e2e_bench.latency(args.latency_rate, args.latency_seconds)
+        lat_keyed = e2e_bench.latency(args.latency_rate, args.latency_seconds, keyed=True)
         mem = e2e_bench.memory(tuple(int(x) for x in args.worker_runs.split(",")))
         results["e2e"] = {
             "one_worker": one,
             "two_workers": two,
             "one_worker_keyed": keyed,
             "latency": lat,
+            "latency_keyed": lat_keyed,
             "worker_memory": mem,
         }
         rows += [
@@ -144,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
                 "  same, every distinct event (also those the replay does not find)",
                 f"p99 {lat['p99_all_events_s'] * 1000:,.0f} ms",
                 f"{lat['events_not_in_replay']} events not in the replay",
+            ),
+            (
+                "  same, trace-keyed input (no hop)",
+                f"p50 {lat_keyed['p50_s'] * 1000:,.0f} ms  p99 {lat_keyed['p99_s'] * 1000:,.0f} ms",
+                f"{lat_keyed['events']}/{lat_keyed['expected_events']} replay events, "
+                f"{lat_keyed['events_not_in_replay']} not in the replay",
             ),
         ]
         for runs, mib in mem["rss_mib_after_runs"].items():

@@ -216,21 +216,26 @@ def _wait_all(procs: list[WorkerProc], key: str, value: int, timeout: float) -> 
     raise RuntimeError(f"workers did not reach {key} >= {value} within {timeout} s")
 
 
-def latency(rate_spans: float, seconds: float) -> dict[str, Any]:
+def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str, Any]:
     """Offer `rate_spans` spans/s of live traffic; detection latency = loop_detected record
-    timestamp minus the send time of the record holding the trigger span."""
+    timestamp minus the send time of the record holding the trigger span. `keyed`: records
+    split and keyed by trace id, worker in keyed mode (no hop)."""
     total = int(rate_spans * seconds)
     now = time.time_ns()
     messages = list(
         export_messages(total, seed=33, base_ns=now, run_spacing_ns=int(1e9 * 20 / rate_spans * 10))
     )
+    keys: list[bytes] | None = None
+    if keyed:
+        keys, messages = keyed_by_trace(messages)
     expected_ids, where, counts = _replay_expectation(messages)
     latencies: list[float] = []  # events the replay finds too
     all_latencies: list[float] = []  # every distinct event
     published: set[str] = set()
     copies = 0
     with tempfile.TemporaryDirectory() as tmp:
-        worker = _worker(Path(tmp))
+        mode = {"LOOPWATCH_INPUT_KEYED_BY_RUN": "true"} if keyed else {}
+        worker = _worker(Path(tmp), **mode)
         worker.workdir.mkdir(parents=True, exist_ok=True)
         try:
             worker.start()
@@ -238,7 +243,7 @@ def latency(rate_spans: float, seconds: float) -> dict[str, Any]:
             sent: list[float] = []
             producer_thread = threading.Thread(
                 target=lambda: sent.extend(
-                    _produce(worker.topics["input"], messages, rate_spans, counts)
+                    _produce(worker.topics["input"], messages, rate_spans, counts, keys)
                 )
             )
             producer_thread.start()
@@ -275,6 +280,7 @@ def latency(rate_spans: float, seconds: float) -> dict[str, Any]:
 
     return {
         "offered_spans_per_s": rate_spans,
+        "keyed": keyed,
         "events": len(latencies),
         "expected_events": len(expected_ids),
         "events_not_in_replay": len(published - expected_ids),
