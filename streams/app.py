@@ -593,7 +593,6 @@ class RunDriver:
             env.vouch(now_ns)
             if now_ns >= env.seen_ns:
                 env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
-                env.candidate = None
             watermark = state.max_end_ns + (now_ns - env.seen_ns)
             findings = pipeline.release(policy, state, watermark)
             out.events.extend(build_event(f, run_id, policy) for f in findings)
@@ -1142,9 +1141,7 @@ class LoopwatchService:
         message = event.message
         pending: list[Any] = []
         refetched: list[Any] = []
-        skipped = self._gaps.observe(
-            message.topic, message.partition, message.offset, self._committed_offset(message)
-        )
+        skipped = self._skipped_before(message)
         if skipped is not None:
             refetched = await self._refetch(*skipped, message)
             for skipped_event in refetched:
@@ -1152,14 +1149,19 @@ class LoopwatchService:
         pending += await self.ingest_record(event)
         return pending, refetched
 
-    def _committed_offset(self, message: Any) -> int | None:
-        """The committed offset faust's consumer sought `message`'s partition to (a faust
-        internal: no broker call on the hot path); None when unknown."""
+    def _skipped_before(self, message: Any) -> tuple[int, int] | None:
+        """Offsets [first, end) of `message`'s partition the stream skipped before it
+        (streams/refetch.py). The first record after an assignment is checked against
+        the committed offset faust's consumer sought to (a faust internal: no broker call
+        on the hot path)."""
         offsets = getattr(self.app.consumer, "_committed_offset", None)
-        if not isinstance(offsets, Mapping):
-            return None
-        committed = offsets.get(message.tp)
-        return committed if isinstance(committed, int) else None
+        committed = offsets.get(message.tp) if isinstance(offsets, Mapping) else None
+        return self._gaps.observe(
+            message.topic,
+            message.partition,
+            message.offset,
+            committed if isinstance(committed, int) else None,
+        )
 
     def _ack_refetched(self, events: list[Any]) -> None:
         """Acknowledge read-back records to faust's consumer (streams/refetch.py): it
@@ -1343,9 +1345,7 @@ class LoopwatchService:
         for event in events:
             message = event.message
             records = [message]
-            skipped = self._gaps.observe(
-                message.topic, message.partition, message.offset, self._committed_offset(message)
-            )
+            skipped = self._skipped_before(message)
             if skipped is not None:
                 # Records the stream skipped (streams/refetch.py) go first, attributed to this
                 # event: same partition, so the table writes land where they belong. A failed
