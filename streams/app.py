@@ -1529,7 +1529,14 @@ class LoopwatchService:
         if offsets is not None:
             self.input_clock.observe(at, *offsets)
             self._probe_ok_ns = time.time_ns()
-        self.metrics.input_clock_lag.set(max(0, time.time_ns() - self.input_clock.now_ns) / NS)
+        self.metrics.input_clock_lag.set(self.input_clock_lag_seconds() or 0.0)
+
+    def input_clock_lag_seconds(self) -> float | None:
+        """How far the input clock trails the wall clock (the gauge and /healthz); None
+        without an input clock."""
+        if self.input_clock is None:
+            return None
+        return max(0, time.time_ns() - self.input_clock.now_ns) / NS
 
     async def send_ticks(self) -> None:
         if not self.ready:
@@ -1690,9 +1697,7 @@ class LoopwatchService:
             "input_topic": self.settings.input_topic,
             "keyed_input": self.keyed,
             "input_clock_behind_seconds": (
-                None
-                if self.input_clock is None
-                else round(max(0, time.time_ns() - self.input_clock.now_ns) / NS, 1)
+                None if (lag := self.input_clock_lag_seconds()) is None else round(lag, 1)
             ),
             "app_id": self.settings.app_id,
             "uptime_seconds": round(time.time() - self.started, 1),
