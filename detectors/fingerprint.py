@@ -9,32 +9,73 @@ bits: collisions inside one run are negligible and state stays small.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
+import json.encoder
+from collections.abc import Callable
 from typing import Any
 
 DIGEST_HEX = 16
 
 
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# json.dumps with options builds a new encoder per call (2.3 vs 0.9 us for a small dict):
+# build CPython's C encoder once (no circular-reference check: values come from a JSON
+# parse or from the contract's plain data, so they cannot hold cycles).
+_canonical_text: Callable[[Any], str]
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _c_encoder is not None:
+    _chunks = _c_encoder(
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+
+    def _canonical_text(value: Any) -> str:
+        return "".join(_chunks(value, 0))
+
+else:  # pragma: no cover - interpreters without the C accelerator
+    _canonical_text = json.JSONEncoder(
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode
+
+
 def canonical(value: Any) -> bytes:
     """Canonical JSON bytes of an already-parsed value."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _canonical_text(value).encode("utf-8")
+
+
+_SHA256_BLOCK = 64
+
+
+def _hmac_pads(key: bytes) -> tuple[Any, Any]:
+    """HMAC-SHA256's inner and outer hash states after the padded key (RFC 2104), computed
+    once: each digest then copies them instead of re-deriving them (3x faster per call)."""
+    if len(key) > _SHA256_BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_SHA256_BLOCK, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+    return inner, outer
 
 
 class Fingerprinter:
     """Keyed digests. `keyed` says whether an HMAC key is in use (reported once at startup)."""
 
-    __slots__ = ("_key", "keyed")
+    __slots__ = ("_pads", "keyed")
 
     def __init__(self, key: bytes | None = None) -> None:
-        self._key = key or None
-        self.keyed = self._key is not None
+        self.keyed = bool(key)
+        self._pads = _hmac_pads(key) if key else None
 
     def digest(self, data: bytes) -> str:
-        if self._key is not None:
-            return hmac.digest(self._key, data, "sha256")[: DIGEST_HEX // 2].hex()
+        if self._pads is not None:
+            inner = self._pads[0].copy()
+            inner.update(data)
+            outer = self._pads[1].copy()
+            outer.update(inner.digest())
+            mac: bytes = outer.digest()
+            return mac[: DIGEST_HEX // 2].hex()
         return hashlib.sha256(data).digest()[: DIGEST_HEX // 2].hex()
 
     def of_value(self, tag: str, value: Any) -> str:

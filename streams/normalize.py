@@ -7,6 +7,7 @@ fields, and dropped: nothing customer-provided leaves this module except as a di
 from __future__ import annotations
 
 import json
+import json.scanner
 import re
 import time
 import zlib
@@ -22,6 +23,8 @@ MAX_ITEMS = 64
 # it would drag replay's watermark (and every run's lateness and finalization) with it.
 MAX_FUTURE_NS = 24 * 3600 * 10**9
 MAX_CODE_LEN = 64
+# Attribute key sets remembered by Normalizer._view (instrumentations send a few each).
+MAX_PLANS = 1024
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
 _AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 _MISSING = object()
@@ -44,15 +47,27 @@ def _as_json(value: Any) -> Any:
             return value.hex()
     if isinstance(value, str):
         text = value.strip()
-        if text[:1] in ("{", "[", '"') or text in ("null", "true", "false"):
+        if text[:1] in _JSON_STARTS or text in ("null", "true", "false"):
             try:
-                return json.loads(text)
+                return _loads(text)
             except (ValueError, RecursionError):  # RecursionError: nested too deeply
                 return value
-        try:
-            return json.loads(text) if text[:1].isdigit() or text[:1] == "-" else value
-        except (ValueError, RecursionError):
-            return value
+    return value
+
+
+_JSON_STARTS = frozenset('{["-0123456789')
+# The C scanner, when available (typeshed mistypes make_scanner's argument).
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _loads(text: str) -> Any:
+    """json.loads of a stripped string, without its per-call Python layers (hot path)."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("extra data after JSON")
     return value
 
 
@@ -164,13 +179,24 @@ def _apply_ops(value: Any, ops: tuple[str, ...]) -> Any:
     return value
 
 
+_ENVELOPE_FIELDS = frozenset({"ok", "next", "cursor"})
+
+
 def _is_empty(result: Any) -> bool:
-    if result is None or result == "" or result == [] or result == {}:
-        return True
+    """None, "", [], {} or an object whose payload fields (all but ok/next/cursor) are
+    all such: no results."""
     if isinstance(result, dict):
-        payload = [v for k, v in result.items() if k not in ("ok", "next", "cursor")]
-        return bool(payload) and all(v is None or v == [] or v == {} or v == "" for v in payload)
-    return False
+        if not result:
+            return True
+        payload = False
+        for key, value in result.items():
+            if key in _ENVELOPE_FIELDS:
+                continue
+            if not (value is None or value == "" or value == [] or value == {}):
+                return False
+            payload = True
+        return payload
+    return result is None or result == "" or result == []
 
 
 class Normalizer:
@@ -252,6 +278,7 @@ class Normalizer:
             for rank, key in enumerate(keys):
                 self._keymap.setdefault(key, []).append((name, rank))
         self._resources: dict[int, tuple[Any, ...]] = {}
+        self._plans: dict[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -268,18 +295,32 @@ class Normalizer:
         return span.trace_id
 
     def _view(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Convention field -> value of its first attribute key present and not empty."""
+        keys = tuple(attrs)
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plan(keys)
         view: dict[str, Any] = {}
-        ranks: dict[str, int] = {}
-        keymap = self._keymap
-        for key, value in attrs.items():
-            hits = keymap.get(key)
-            if hits is None or value is None or value == "":
-                continue
-            for name, rank in hits:
-                if name not in view or rank < ranks[name]:
+        for name, candidates in plan:
+            for key in candidates:
+                value = attrs[key]
+                if value is not None and value != "":
                     view[name] = value
-                    ranks[name] = rank
+                    break
         return view
+
+    def _plan(self, keys: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        # Spans of one instrumentation share their attribute keys: which convention fields
+        # they can fill, and from which keys in rank order, is worked out once per key set.
+        ranked: dict[str, list[tuple[int, str]]] = {}
+        for key in keys:
+            for name, rank in self._keymap.get(key, ()):
+                ranked.setdefault(name, []).append((rank, key))
+        plan = tuple((name, tuple(key for _, key in sorted(hits))) for name, hits in ranked.items())
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[keys] = plan
+        return plan
 
     def _resource(self, resource: dict[str, Any]) -> tuple[Any, ...]:
         """(resource, service, prompt_version, tool_version, task_type, run key), cached:
