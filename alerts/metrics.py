@@ -244,6 +244,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.publish_retries = Counter(
+            PREFIX + "publish_retries_total",
+            "Outputs sent again after a failed delivery, by stage (ingest: an input record's "
+            "steps; detect: an event or run summary). Delayed, not lost.",
+            ["stage"],
+            registry=r,
+        )
         self.decode_errors = Counter(
             PREFIX + "decode_errors_total",
             "Records or spans that could not be decoded, by reason.",

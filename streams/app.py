@@ -62,9 +62,11 @@ import re
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+from aiokafka.errors import MessageSizeTooLargeError, ProducerClosed, RecordTooLargeError
 
 from alerts.events import build_event, event_id
 from detectors import run as pipeline
@@ -93,6 +95,12 @@ NS = 1_000_000_000
 # answer (broker unreachable, offsets unavailable) deadlines follow the wall clock again.
 INPUT_PROBE_STALE_NS = 30 * NS
 ENVELOPE_VERSION = 1
+# A failed delivery (the producer's own retries exhausted) is sent again after these
+# backoffs, for as long as it takes (LoopwatchPublishRetrying alerts on it).
+PUBLISH_RETRY_FIRST_SECONDS = 1.0
+PUBLISH_RETRY_MAX_SECONDS = 30.0
+# Refused by the broker whatever the retries: the record goes to the dead letters.
+TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
 TICK_VALUE_PREFIX = b"{"  # steps messages are JSON arrays, ticks JSON objects
 
 
@@ -138,7 +146,7 @@ _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def encode_steps(steps: Iterable[Step]) -> bytes:
     """The internal topic's value: compact JSON of ``[step.to_list(), ...]``."""
-    return json.dumps([s.to_list() for s in steps], separators=(",", ":")).encode("utf-8")
+    return _json([s.to_list() for s in steps])
 
 
 def decode_steps(value: bytes) -> list[Step]:
@@ -660,6 +668,10 @@ class RunDriver:
             self.cache.popitem(last=False)
 
 
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("utf-8")
+
+
 def _text(key: Any) -> str:
     if isinstance(key, bytes | bytearray | memoryview):
         return bytes(key).decode("utf-8", "replace")
@@ -709,7 +721,7 @@ def dead_letter_record(
     if capture_payload:
         return payload, headers
     body = {"payload_sha256": digest, "payload_length": len(payload), "value": None}
-    return json.dumps(body, separators=(",", ":")).encode(), headers
+    return _json(body), headers
 
 
 _TRACE_ID_KEY = re.compile(rb"[0-9a-f]{32}")
@@ -968,6 +980,7 @@ class LoopwatchService:
             "detect_batches": 0,
             "step_messages_sent": 0,
             "refetched_records": 0,  # input records the stream skipped, read back
+            "publish_retries": 0,  # outputs sent again after a failed delivery
         }
 
         s.data_path.mkdir(parents=True, exist_ok=True)
@@ -1093,8 +1106,7 @@ class LoopwatchService:
             # records were committed whose steps were never sent.
             manual = stream.noack()
             async for event in manual.events():
-                pending, refetched = await self.ingest_event(event)
-                self._ack_when_delivered(manual, event, pending, refetched)
+                self._ack_when_delivered(manual, event, await self.ingest_event(event))
 
         async def detect(stream: Any) -> None:
             async for events in stream.take_events(s.batch_max, within=s.batch_within_ms / 1000):
@@ -1134,20 +1146,16 @@ class LoopwatchService:
         self.counters["refetched_records"] += len(events)
         return events
 
-    async def ingest_event(self, event: Any) -> tuple[list[Any], list[Any]]:
+    async def ingest_event(self, event: Any) -> list[tuple[Any, list[Any]]]:
         """Ingest one streamed input record, after any records the stream skipped before it
-        (read back from the broker). Returns the delivery futures of what was sent and the
-        read-back events (acknowledged together with `event`)."""
-        message = event.message
-        pending: list[Any] = []
-        refetched: list[Any] = []
-        skipped = self._skipped_before(message)
+        (read back from the broker). Returns each record ingested, the read-back ones first
+        and `event` last, with the delivery futures of what it sent."""
+        records = []
+        skipped = self._skipped_before(event.message)
         if skipped is not None:
-            refetched = await self._refetch(*skipped, message)
-            for skipped_event in refetched:
-                pending += await self.ingest_record(skipped_event)
-        pending += await self.ingest_record(event)
-        return pending, refetched
+            records = await self._refetch(*skipped, event.message)
+        records.append(event)
+        return [(record, await self.ingest_record(record)) for record in records]
 
     def _skipped_before(self, message: Any) -> tuple[int, int] | None:
         """Offsets [first, end) of `message`'s partition the stream skipped before it
@@ -1171,12 +1179,14 @@ class LoopwatchService:
             consumer.ack(event.message)
 
     def _ack_when_delivered(
-        self, stream: Any, event: Any, pending: list[Any], refetched: list[Any]
+        self, stream: Any, event: Any, records: list[tuple[Any, list[Any]]]
     ) -> None:
-        """Ack `event` (and the records read back before it) once `pending` is delivered,
-        after the previous record of its partition: faust commits up to the first gap in
-        the acked offsets, but on a freshly assigned partition it does not see a gap at the
-        head, so an out-of-order ack would commit past a record still in flight."""
+        """Ack `event` (and the records read back before it, see ingest_event) once their
+        steps are delivered, after the previous record of its partition: faust commits up
+        to the first gap in the acked offsets, but on a freshly assigned partition it does
+        not see a gap at the head, so an out-of-order ack would commit past a record still
+        in flight. A record whose steps fail to deliver is ingested again until they are:
+        unacked, it would hold its partition's commits until a restart."""
         tp = event.message.tp
         before = self._last_ack.get(tp)
 
@@ -1184,14 +1194,17 @@ class LoopwatchService:
             if before is not None:
                 await before
             try:
-                await asyncio.gather(*pending)
-            except Exception:
-                # Not acked: faust commits up to the first unacked offset (not at the head
-                # of a freshly assigned partition, see above), so the record is normally
-                # processed again after a restart or rebalance, and lag shows it.
-                log.exception("ingest: steps of %s not delivered", event.message.offset)
-                return
-            self._ack_refetched(refetched)
+                await self._deliver(
+                    "ingest",
+                    records,
+                    resend=lambda record: self.ingest_record(record, resend=True),
+                    too_large=lambda record, exc: self._dead_letters(
+                        record.message, "publish_error", exc
+                    ),
+                )
+            except ProducerClosed:
+                return  # stopping: unacked, the records go to the partition's next owner
+            self._ack_refetched([record for record, _ in records[:-1]])
             await stream.ack(event)
 
         task = asyncio.ensure_future(ack())
@@ -1218,8 +1231,10 @@ class LoopwatchService:
             log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)
         return by_run, len(spans), invalid
 
-    async def ingest_record(self, event: Any) -> list[Any]:
-        """Forward one input record's steps; returns the delivery futures of what it sent."""
+    async def ingest_record(self, event: Any, resend: bool = False) -> list[Any]:
+        """Forward one input record's steps; returns the delivery futures of what it sent.
+        `resend`: the record's steps failed to deliver and are sent again (not counted
+        as consumed twice)."""
         message = event.message
         pending: list[Any] = []
         try:
@@ -1258,7 +1273,8 @@ class LoopwatchService:
                         )
                     )
                     self.counters["step_messages_sent"] += 1
-            self._count_input(message.topic, n_spans)
+            if not resend:
+                self._count_input(message.topic, n_spans)
         except Exception as exc:  # never crash the agent on input
             log.exception(
                 "ingest: unexpected error on %s/%s@%s",
@@ -1275,6 +1291,53 @@ class LoopwatchService:
         if self.input_clock is None:
             return None
         return {CLOCK_HEADER: str(self.clock_ns()).encode()}
+
+    async def _dead_letters(self, message: Any, reason: str, exc: BaseException) -> list[Any]:
+        return [await self._dead_letter(message, reason, type(exc).__name__)]
+
+    async def _deliver(
+        self,
+        stage: str,
+        items: list[tuple[Any, list[Any]]],
+        resend: Callable[[Any], Awaitable[list[Any]]],
+        too_large: Callable[[Any, BaseException], Awaitable[list[Any]]] | None = None,
+    ) -> None:
+        """Wait until every item's messages are delivered. An item with a failed delivery
+        is sent again (`resend`), with backoff, for as long as it takes: a broker outage
+        longer than the producer's own retries must delay outputs, not lose them or hold
+        offsets unacknowledged until a restart. An item the broker refuses as too large
+        goes to `too_large` (raised without one). Raises ProducerClosed when stopping."""
+        delay = PUBLISH_RETRY_FIRST_SECONDS
+        while True:
+            failed: list[tuple[Any, BaseException]] = []
+            for item, futures in items:
+                results = await asyncio.gather(*futures, return_exceptions=True)
+                exc = next((r for r in results if isinstance(r, BaseException)), None)
+                if exc is not None:
+                    if isinstance(exc, ProducerClosed | asyncio.CancelledError):
+                        raise exc
+                    if isinstance(exc, TOO_LARGE) and too_large is None:
+                        raise exc
+                    failed.append((item, exc))
+            if not failed:
+                return
+            self.metrics.publish_retries.labels(stage=stage).inc(len(failed))
+            self.counters["publish_retries"] += len(failed)
+            log.warning(
+                "%s: %d output(s) not delivered (%s); sending them again in %.1f s",
+                stage,
+                len(failed),
+                type(failed[0][1]).__name__,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PUBLISH_RETRY_MAX_SECONDS)
+            items = []
+            for item, exc in failed:
+                if too_large is not None and isinstance(exc, TOO_LARGE):
+                    items.append((item, await too_large(item, exc)))
+                else:
+                    items.append((item, await resend(item)))
 
     async def _dead_letter(self, message: Any, reason: str, error: str) -> Any:
         """Send a dead letter; returns its delivery future."""
@@ -1428,31 +1491,33 @@ class LoopwatchService:
         self.metrics.active_runs.set(len(self.driver.index))
 
     async def _publish(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
-        """Send the events and summaries, count them, and wait for the broker's acks."""
+        """Send the events and summaries, wait for the broker's acks (sending again what
+        failed, see _deliver), then count them."""
         m = self.metrics
-        pending = []
+        messages: list[tuple[Any, bytes, bytes]] = []
+        for _, out in outputs:
+            for ev in out.events:
+                messages.append((self.events_topic, ev["run_id"].encode("utf-8"), _json(ev)))
+            for summary in out.summaries:
+                messages.append(
+                    (self.runs_topic, summary["run_id"].encode("utf-8"), _json(summary))
+                )
+
+        async def send(message: tuple[Any, bytes, bytes]) -> list[Any]:
+            topic, key, value = message
+            return [await topic.send(key=key, value=value)]
+
+        await self._deliver("detect", [(msg, await send(msg)) for msg in messages], resend=send)
         loops: dict[tuple[int, str], int] = {}
         runs: dict[tuple[int, str], int] = {}
         for partition, out in outputs:
             for ev in out.events:
-                pending.append(
-                    await self.events_topic.send(
-                        key=ev["run_id"].encode("utf-8"),
-                        value=json.dumps(ev, separators=(",", ":")).encode("utf-8"),
-                    )
-                )
                 m.observe_event(ev)
                 labels = (ev["shape"], ev["prompt_version"], ev["tool_version"])
                 group = (partition, aggregate_key(labels, partition))
                 loops[group] = loops.get(group, 0) + 1
                 self.counters["events"] += 1
             for summary in out.summaries:
-                pending.append(
-                    await self.runs_topic.send(
-                        key=summary["run_id"].encode("utf-8"),
-                        value=json.dumps(summary, separators=(",", ":")).encode("utf-8"),
-                    )
-                )
                 m.observe_run(summary)
                 labels = (
                     summary["prompt_version"],
@@ -1468,8 +1533,6 @@ class LoopwatchService:
                 m.late_spans.inc(out.spans_after_finalize)
             for _ in range(out.evicted):
                 m.run_evicted("capacity")
-        if pending:
-            await asyncio.gather(*pending)
         # windowed counters: one write per label group and partition, not per event / run
         for (partition, label_key), n in loops.items():
             with _in_event(events_of[partition]):

@@ -14,6 +14,12 @@ from typing import Any
 
 import pytest
 import yaml
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    ProducerClosed,
+)
 from prometheus_client import CollectorRegistry
 
 from alerts.metrics import Metrics
@@ -61,13 +67,34 @@ class FakeTopic:
         self.name = name
         self.log = log
         self.sent: list[dict[str, Any]] = []
+        self.failures: list[BaseException] = []  # the next sends' delivery errors
 
     async def send(self, **kw: Any) -> asyncio.Future[None]:
         self.sent.append(kw)
         self.log.append(("send", self.name))
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
+        if self.failures:
+            fut.set_exception(self.failures.pop(0))
+        else:
+            fut.set_result(None)
         return fut
+
+
+class FakeStream:
+    """The manual-ack stream of the ingest agent."""
+
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+
+    async def ack(self, event: Any) -> bool:
+        self.acked.append(event.message.offset)
+        return True
+
+
+async def acked(service: Any, stream: FakeStream, event: Any, records: Any) -> None:
+    """Run the ingest agent's acknowledgement of `event` to its end."""
+    service._ack_when_delivered(stream, event, records)
+    await service._last_ack[event.message.tp]
 
 
 class FakeConsumer:
@@ -359,13 +386,101 @@ async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_th
     refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
     await service.ingest_event(Ev(Msg("otlp_spans", 0, 2, None, records[2])))
     service.steps_topic.sent.clear()
-    pending, refetched = await service.ingest_event(Ev(Msg("otlp_spans", 0, 5, None, records[5])))
-    assert refetcher.reads == [(0, 3, 5)] and len(pending) >= 3
-    assert [e.message.offset for e in refetched] == [3, 4]
+    event = Ev(Msg("otlp_spans", 0, 5, None, records[5]))
+    ingested = await service.ingest_event(event)
+    assert refetcher.reads == [(0, 3, 5)]
+    assert [record.message.offset for record, _ in ingested] == [3, 4, 5]
+    assert all(len(futures) == 1 for _, futures in ingested)
     forwarded = [json.loads(m["value"]) for m in service.steps_topic.sent]
     assert sum(len(groups) for groups in forwarded) == 3  # both skipped runs, then 5's
-    service._ack_refetched(refetched)  # what the agent does once `pending` is delivered
+    stream = FakeStream()
+    await acked(service, stream, event, ingested)
     assert service.app.consumer.acked == [("otlp_spans", 0, 3), ("otlp_spans", 0, 4)]
+    assert stream.acked == [5]
+
+
+@pytest.fixture
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("streams.app.PUBLISH_RETRY_FIRST_SECONDS", 0.01)
+
+
+def retries(service: Any, stage: str) -> float | None:
+    return service.metrics.registry.get_sample_value(
+        "loopwatch_publish_retries_total", {"stage": stage}
+    )
+
+
+async def test_ingest_sends_steps_again_until_delivered_then_acks(
+    service: Any, fast_retries: None
+) -> None:
+    """A delivery failing after the producer's own retries (a broker outage) used to leave
+    the record unacked: its partition's commits stopped until a restart."""
+    service.steps_topic.failures = [KafkaTimeoutError(), KafkaConnectionError()]
+    event = Ev(Msg("otlp_spans", 1, 8, None, encode_request(looping_run(7).spans)))
+    stream = FakeStream()
+    await acked(service, stream, event, await service.ingest_event(event))
+    first, *again = service.steps_topic.sent
+    assert len(again) == 2 and all(m["value"] == first["value"] for m in again)
+    assert stream.acked == [8]
+    assert retries(service, "ingest") == 2
+    consumed = service.metrics.registry.get_sample_value(
+        "loopwatch_records_consumed_total", {"topic": "otlp_spans"}
+    )
+    assert consumed == 1
+    assert service.dead_topic.sent == []
+
+
+async def test_ingest_dead_letters_a_record_whose_steps_are_too_large(
+    service: Any, fast_retries: None
+) -> None:
+    service.steps_topic.failures = [MessageSizeTooLargeError()]
+    event = Ev(Msg("otlp_spans", 1, 9, None, encode_request(looping_run(8).spans)))
+    stream = FakeStream()
+    await acked(service, stream, event, await service.ingest_event(event))
+    (dead,) = service.dead_topic.sent
+    headers = dict(dead["headers"])
+    assert headers["reason"] == b"publish_error"
+    assert headers["error"] == b"MessageSizeTooLargeError"
+    assert len(service.steps_topic.sent) == 1  # not sent again: it would fail again
+    assert stream.acked == [9]
+
+
+async def test_ingest_leaves_the_record_unacked_when_the_producer_closes(
+    service: Any, fast_retries: None
+) -> None:
+    service.steps_topic.failures = [ProducerClosed()]
+    event = Ev(Msg("otlp_spans", 1, 10, None, encode_request(looping_run(9).spans)))
+    stream = FakeStream()
+    await acked(service, stream, event, await service.ingest_event(event))
+    assert stream.acked == [] and len(service.steps_topic.sent) == 1
+
+
+async def test_detect_publishes_again_what_was_not_delivered(
+    service: Any, fast_retries: None
+) -> None:
+    runs = [looping_run(t) for t in (11, 12, 13)]
+    await service.ingest_record(
+        Ev(Msg("otlp_spans", 0, 1, None, encode_request([s for r in runs for s in r.spans])))
+    )
+    steps = [
+        Ev(Msg("loopwatch-steps", m["partition"], i, None, m["value"]))
+        for i, m in enumerate(service.steps_topic.sent)
+    ]
+    service.events_topic.failures = [KafkaConnectionError()]
+    await service.detect_batch(steps)
+    sent = [json.loads(m["value"])["run_id"] for m in service.events_topic.sent]
+    assert len(sent) == 4 and sent[0] in sent[1:]  # the failed one, sent again
+    assert retries(service, "detect") == 1
+    assert sum(service.loop_counts.values()) == 3  # counted once each, after delivery
+    counted = [
+        sample.value
+        for metric in service.metrics.registry.collect()
+        if metric.name == "loopwatch_loop_events"
+        for sample in metric.samples
+        if sample.name == "loopwatch_loop_events_total"
+    ]
+    assert sum(counted) == 3
+    assert len(service.runs) == 3
 
 
 async def test_detect_reads_back_a_steps_message_the_stream_skipped(service: Any) -> None:
