@@ -58,6 +58,8 @@ def _run_spans(rng: random.Random, run_no: int, loop_share: float, start_ns: int
             )
         )
         t = llm_end + 5_000_000
+        args: dict[str, object]
+        result: dict[str, object]
         if looping and i >= steps // 2:
             tool, args, result = loop_tool, {"id": f"X-{run_no}"}, {"status": "same", "version": 1}
         else:

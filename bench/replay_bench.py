@@ -72,13 +72,19 @@ def memory_profile(
     return out
 
 
-def run(spans: int, policy_path: str) -> dict[str, Any]:
+def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
     messages = list(export_messages(spans))
-    # Warm up both paths once (imports, caches), then measure each on the same corpus.
+    # Warm up both paths once (imports, caches), then measure them in alternating rounds
+    # on the same corpus and keep each one's best: on a shared machine a single pair of
+    # runs moved the ratio by half of itself (18-35% for the same code).
     decode_ceiling(messages[:20])
     replay_engine(messages[:20], policy_path)
-    ceiling_spans, ceiling_s = decode_ceiling(messages)
-    replay_spans, replay_s, engine = replay_engine(messages, policy_path)
+    ceiling_s = replay_s = float("inf")
+    for _ in range(rounds):
+        ceiling_spans, seconds = decode_ceiling(messages)
+        ceiling_s = min(ceiling_s, seconds)
+        replay_spans, seconds, engine = replay_engine(messages, policy_path)
+        replay_s = min(replay_s, seconds)
     assert ceiling_spans == replay_spans
     sizes = state_sizes(messages, policy_path)
     result = {
@@ -87,6 +93,7 @@ def run(spans: int, policy_path: str) -> dict[str, Any]:
         "decode_ceiling_spans_per_s": ceiling_spans / ceiling_s,
         "replay_spans_per_s": replay_spans / replay_s,
         "replay_to_ceiling": (replay_spans / replay_s) / (ceiling_spans / ceiling_s),
+        "rounds": rounds,
         "runs": engine.stats.runs_finished,
         "looping_runs": engine.stats.looping_runs,
         "events": engine.stats.events,
