@@ -668,6 +668,11 @@ class RunDriver:
             self.cache.popitem(last=False)
 
 
+def _ignore_failure(future: Any) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: asyncio would log it as never retrieved
+
+
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
@@ -1247,7 +1252,8 @@ class LoopwatchService:
             if self.settings.steps_grouping == "run":
                 for run_id, steps in by_run.items():
                     pending.append(
-                        await self.steps_topic.send(
+                        await self._send(
+                            self.steps_topic,
                             key=run_id.encode("utf-8"),
                             value=encode_steps(steps),
                             timestamp=ts,
@@ -1264,7 +1270,8 @@ class LoopwatchService:
                     by_partition.setdefault(p, []).append((run_id, steps))
                 for p, groups in by_partition.items():
                     pending.append(
-                        await self.steps_topic.send(
+                        await self._send(
+                            self.steps_topic,
                             key=None,
                             value=encode_run_groups(groups),
                             partition=p,
@@ -1291,6 +1298,26 @@ class LoopwatchService:
         if self.input_clock is None:
             return None
         return {CLOCK_HEADER: str(self.clock_ns()).encode()}
+
+    @staticmethod
+    async def _send(
+        topic: Any,
+        *,
+        key: bytes | None,
+        value: bytes,
+        partition: int | None = None,
+        timestamp: float | None = None,
+        headers: Mapping[str, bytes] | list[tuple[str, bytes]] | None = None,
+    ) -> Any:
+        """Send, returning faust's FutureMessage (topic.send returns the producer's future
+        instead). faust sets a failed delivery's exception on the FutureMessage too, and
+        unless that is awaited asyncio logs "FutureMessage exception was never retrieved",
+        an ERROR with a traceback, for a failure _deliver has already handled."""
+        message = topic.as_future_message(
+            key=key, value=value, partition=partition, timestamp=timestamp, headers=headers
+        )
+        await topic.publish_message(message)
+        return message
 
     async def _dead_letters(self, message: Any, reason: str, exc: BaseException) -> list[Any]:
         return [await self._dead_letter(message, reason, type(exc).__name__)]
@@ -1351,7 +1378,7 @@ class LoopwatchService:
             capture_payload=self.settings.dlq_capture_payload,
         )
         key = dead_letter_key(message.key, self.settings.dlq_capture_payload)
-        future = await self.dead_topic.send(key=key, value=value, headers=headers)
+        future = await self._send(self.dead_topic, key=key, value=value, headers=headers)
         self.metrics.dead_letter(reason)
         self.counters["dead_letters"] += 1
         return future
@@ -1505,7 +1532,7 @@ class LoopwatchService:
 
         async def send(message: tuple[Any, bytes, bytes]) -> list[Any]:
             topic, key, value = message
-            return [await topic.send(key=key, value=value)]
+            return [await self._send(topic, key=key, value=value)]
 
         await self._deliver("detect", [(msg, await send(msg)) for msg in messages], resend=send)
         loops: dict[tuple[int, str], int] = {}
@@ -1614,11 +1641,13 @@ class LoopwatchService:
             if sent is not None and now - sent < 10.0:
                 continue  # one tick in flight per partition (resent if lost)
             self.tick_sent[partition] = now
-            await self.steps_topic.send(
+            sent_tick = await self._send(
+                self.steps_topic,
                 key=None,
                 value=encode_tick(time.time_ns(), clock_ns),
                 partition=partition,
             )
+            sent_tick.add_done_callback(_ignore_failure)  # a lost tick is sent again
         self.metrics.active_runs.set(len(self.driver.index))
 
     def update_lag(self) -> None:
