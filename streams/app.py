@@ -974,6 +974,7 @@ class LoopwatchService:
         )
         self._input_probe: KafkaInputProbe | None = None
         self._max_lag_warned_ns = 0
+        self._head_check_off = False  # faust internals the head-skip check reads are missing
         self._probe_ok_ns = time.time_ns()
         self.counters = {
             "records": 0,
@@ -1168,7 +1169,15 @@ class LoopwatchService:
         the committed offset faust's consumer sought to (a faust internal: no broker call
         on the hot path)."""
         offsets = getattr(self.app.consumer, "_committed_offset", None)
-        committed = offsets.get(message.tp) if isinstance(offsets, Mapping) else None
+        if not isinstance(offsets, Mapping):
+            offsets = {}
+            if not self._head_check_off:
+                self._head_check_off = True
+                log.warning(
+                    "faust's consumer has no _committed_offset mapping (a faust upgrade?): "
+                    "a skip of a partition's first record after an assignment goes unseen"
+                )
+        committed = offsets.get(message.tp)
         return self._gaps.observe(
             message.topic,
             message.partition,

@@ -515,3 +515,15 @@ async def test_detect_reads_back_a_steps_message_the_stream_skipped(service: Any
     assert refetcher.reads[-1] == (2, 13, 14)  # the skipped tick, read and dropped
     assert service.counters["refetched_records"] == 2
     assert service.dead_topic.sent == []
+
+
+async def test_a_missing_faust_internal_for_the_head_check_is_said_once(
+    service: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    del service.app.consumer._committed_offset  # as a faust upgrade might
+    for offset in (1, 2):
+        record = encode_request(looping_run(400 + offset).spans)
+        await service.ingest_event(Ev(Msg("otlp_spans", 0, offset, None, record)))
+    warnings = [r for r in caplog.records if "_committed_offset" in r.getMessage()]
+    assert len(warnings) == 1
+    assert len(service.steps_topic.sent) == 2  # ingest goes on
