@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
+from streams.runtime import tune_gc
 
 EXIT_ERROR = 2
 
@@ -127,6 +128,7 @@ def format_table(stats: Any) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    tune_gc()
     out = _open_output(args.output)
     runs_out = _open_output(args.runs) if args.runs else None
     try:
@@ -150,6 +152,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    tune_gc()
     limits: dict[str, int] = {}
     for item in args.max_shape or []:
         shape, _, value = item.partition("=")

@@ -20,6 +20,7 @@ import sys
 
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
+from streams.runtime import tune_gc
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -103,5 +104,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
         quiet=True,
         override_logging=False,
     )
+    tune_gc()
     worker.execute_from_commandline()  # raises SystemExit when stopped
     return 0  # pragma: no cover

@@ -1,0 +1,20 @@
+"""Process settings for loopwatch's long-running hot loops (replay, gate, worker)."""
+
+from __future__ import annotations
+
+import gc
+
+# Young-generation collections every 10k container allocations instead of CPython's 700:
+# a span allocates about ten, so the default collected every ~70 spans.
+GEN0_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Freeze what startup allocated (modules, the faust app: never garbage, yet walked by
+    every full collection) and collect young objects less often. Measured on 150k spans
+    through the worker: 1.8-2.2 s in the collector before, 0.45-0.5 s after; replay of
+    300k spans: 0.4-0.6 s before, under 0.01 s after. Cyclic garbage is still collected,
+    only in larger steps."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GEN0_THRESHOLD, 20, 20)
