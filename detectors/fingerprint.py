@@ -22,8 +22,8 @@ def _not_json(value: Any) -> Any:
 
 
 # json.dumps with options builds a new encoder per call (2.3 vs 0.9 us for a small dict):
-# build CPython's C encoder once (no circular-reference check: values come from a JSON
-# parse or from the contract's plain data, so they cannot hold cycles).
+# build CPython's C encoder once. It skips the circular-reference check: a cycle (a
+# recursive YAML alias in a contract's defaults) raises RecursionError, caught below.
 _canonical_text: Callable[[Any], str]
 _c_encoder = getattr(json.encoder, "c_make_encoder", None)
 if _c_encoder is not None:
@@ -82,8 +82,8 @@ class Fingerprinter:
         """Digest of a tagged value: the tag keeps e.g. tool names and arguments apart."""
         try:
             body = canonical(value)
-        except (TypeError, ValueError):
-            # Non-JSON values (NaN, bytes) still get a stable digest from their repr.
+        except (TypeError, ValueError, RecursionError):
+            # Non-JSON values (NaN, bytes, cycles) still get a stable digest from their repr.
             body = repr(value).encode("utf-8", "replace")
         return self.digest(tag.encode("utf-8") + b"\x00" + body)
 

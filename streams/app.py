@@ -62,11 +62,11 @@ import re
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from aiokafka.errors import MessageSizeTooLargeError, ProducerClosed, RecordTooLargeError
+from aiokafka.errors import MessageSizeTooLargeError
 
 from alerts.events import build_event, event_id
 from detectors import run as pipeline
@@ -95,12 +95,16 @@ NS = 1_000_000_000
 # answer (broker unreachable, offsets unavailable) deadlines follow the wall clock again.
 INPUT_PROBE_STALE_NS = 30 * NS
 ENVELOPE_VERSION = 1
-# A failed delivery (the producer's own retries exhausted) is sent again after these
-# backoffs, for as long as it takes (LoopwatchPublishRetrying alerts on it).
+# A failed delivery is sent again after these backoffs, for as long as it takes
+# (LoopwatchPublishRetrying alerts on it). What reaches this has already outlived the
+# producer's own retries (faust's producer_request_timeout, 20 min) or cannot be retried
+# by the producer (authorization, a topic's size or timestamp limits): an operator's fix
+# then resumes delivery without a restart.
 PUBLISH_RETRY_FIRST_SECONDS = 1.0
 PUBLISH_RETRY_MAX_SECONDS = 30.0
-# Refused by the broker whatever the retries: the record goes to the dead letters.
-TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
+# Steps messages are split to stay under this (the producer refuses requests over 1 MB;
+# a record of many small spans encodes to more steps JSON than its own protobuf).
+MAX_STEPS_MESSAGE_BYTES = 512 * 1024
 TICK_VALUE_PREFIX = b"{"  # steps messages are JSON arrays, ticks JSON objects
 
 
@@ -174,6 +178,45 @@ def decode_run_groups(value: bytes) -> list[tuple[str, list[Step]]]:
             raise ValueError("grouped steps message: expected [run_id, [steps]] pairs")
         out.append((run_id, [Step.from_list(item) for item in steps]))
     return out
+
+
+def split_to_fit(
+    groups: list[tuple[str, list[Step]]],
+    encode: Callable[[list[tuple[str, list[Step]]]], bytes],
+    limit: int,
+) -> list[bytes]:
+    """`encode(groups)` as one value, or as several (groups, then a run's steps, halved in
+    order) when it is over `limit` bytes. A single step is never split."""
+    value = encode(groups)
+    if len(value) <= limit or (len(groups) == 1 and len(groups[0][1]) <= 1):
+        return [value]
+    if len(groups) > 1:
+        mid = len(groups) // 2
+        return split_to_fit(groups[:mid], encode, limit) + split_to_fit(groups[mid:], encode, limit)
+    run_id, steps = groups[0]
+    mid = len(steps) // 2
+    return split_to_fit([(run_id, steps[:mid])], encode, limit) + split_to_fit(
+        [(run_id, steps[mid:])], encode, limit
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message as sent, kept to send it again if its delivery fails. `fallback`: what
+    to send instead when the broker refuses it as too large (a dead letter without the
+    payload it captured)."""
+
+    topic: Any
+    key: bytes | None
+    value: bytes
+    partition: int | None = None
+    timestamp: float | None = None
+    headers: Any = None
+    fallback: Outgoing | None = None
+
+
+class Stopping(Exception):
+    """The worker is stopping while outputs wait to be delivered: left unacknowledged."""
 
 
 def key_partition(key: bytes, partitions: int) -> int:
@@ -673,6 +716,10 @@ def _ignore_failure(future: Any) -> None:
         future.exception()  # retrieved: asyncio would log it as never retrieved
 
 
+def _encode_first_steps(groups: list[tuple[str, list[Step]]]) -> bytes:
+    return encode_steps(groups[0][1])
+
+
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
@@ -1152,10 +1199,10 @@ class LoopwatchService:
         self.counters["refetched_records"] += len(events)
         return events
 
-    async def ingest_event(self, event: Any) -> list[tuple[Any, list[Any]]]:
+    async def ingest_event(self, event: Any) -> list[tuple[Any, list[tuple[Outgoing, Any]]]]:
         """Ingest one streamed input record, after any records the stream skipped before it
         (read back from the broker). Returns each record ingested, the read-back ones first
-        and `event` last, with the delivery futures of what it sent."""
+        and `event` last, with what it sent (see _send)."""
         records = []
         skipped = self._skipped_before(event.message)
         if skipped is not None:
@@ -1196,30 +1243,24 @@ class LoopwatchService:
         self, stream: Any, event: Any, records: list[tuple[Any, list[Any]]]
     ) -> None:
         """Ack `event` (and the records read back before it, see ingest_event) once their
-        steps are delivered, after the previous record of its partition: faust commits up
-        to the first gap in the acked offsets, but on a freshly assigned partition it does
-        not see a gap at the head, so an out-of-order ack would commit past a record still
-        in flight. A record whose steps fail to deliver is ingested again until they are:
-        unacked, it would hold its partition's commits until a restart."""
+        steps are delivered (sent again until they are, see _deliver), after the previous
+        record of its partition: faust commits up to the first gap in the acked offsets,
+        but on a freshly assigned partition it does not see a gap at the head, so an
+        out-of-order ack would commit past a record still in flight."""
         tp = event.message.tp
         before = self._last_ack.get(tp)
 
         async def ack() -> None:
             if before is not None:
-                await before
+                await asyncio.wait([before])  # its outcome is its own: never stop the chain
             try:
-                await self._deliver(
-                    "ingest",
-                    records,
-                    resend=lambda record: self.ingest_record(record, resend=True),
-                    too_large=lambda record, exc: self._dead_letters(
-                        record.message, "publish_error", exc
-                    ),
-                )
-            except ProducerClosed:
-                return  # stopping: unacked, the records go to the partition's next owner
-            self._ack_refetched([record for record, _ in records[:-1]])
-            await stream.ack(event)
+                await self._deliver("ingest", [sent for _, out in records for sent in out])
+                self._ack_refetched([record for record, _ in records[:-1]])
+                await stream.ack(event)
+            except Stopping:
+                pass  # unacknowledged: the partition's next owner processes the records
+            except Exception:
+                log.exception("ingest: record %s not acknowledged", event.message.offset)
 
         task = asyncio.ensure_future(ack())
         self._last_ack[tp] = task
@@ -1228,16 +1269,16 @@ class LoopwatchService:
         )
 
     async def _decode(
-        self, message: Any, pending: list[Any]
+        self, message: Any, sent: list[tuple[Outgoing, Any]]
     ) -> tuple[dict[str, list[Step]], int, int] | None:
         """Decode + normalize one input record; None when it was dead-lettered (the dead
-        letter's delivery future is added to `pending`)."""
+        letter is added to `sent`)."""
         source = f"{message.topic}/{message.partition}@{message.offset}"
         try:
             spans = decode_record(message.value, self.settings.input_encoding, source)
         except DecodeError as exc:
             self.metrics.decode_error("decode_error")
-            pending.append(await self._dead_letter(message, "decode_error", str(exc)))
+            sent.append(await self._dead_letter(message, "decode_error", str(exc)))
             return None
         by_run, invalid = group_steps(self.normalizer, spans)
         if invalid:
@@ -1245,30 +1286,24 @@ class LoopwatchService:
             log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)
         return by_run, len(spans), invalid
 
-    async def ingest_record(self, event: Any, resend: bool = False) -> list[Any]:
-        """Forward one input record's steps; returns the delivery futures of what it sent.
-        `resend`: the record's steps failed to deliver and are sent again (not counted
-        as consumed twice)."""
+    async def ingest_record(self, event: Any) -> list[tuple[Outgoing, Any]]:
+        """Forward one input record's steps; returns what it sent (see _send)."""
         message = event.message
-        pending: list[Any] = []
+        sent: list[tuple[Outgoing, Any]] = []
         try:
-            decoded = await self._decode(message, pending)
+            decoded = await self._decode(message, sent)
             if decoded is None:
-                return pending
+                return sent
             by_run, n_spans, _invalid = decoded
+            outgoing = []
             ts = message.timestamp
             headers = self._clock_headers()
+            limit = MAX_STEPS_MESSAGE_BYTES
             if self.settings.steps_grouping == "run":
                 for run_id, steps in by_run.items():
-                    pending.append(
-                        await self._send(
-                            self.steps_topic,
-                            key=run_id.encode("utf-8"),
-                            value=encode_steps(steps),
-                            timestamp=ts,
-                            headers=headers,
-                        )
-                    )
+                    key = run_id.encode("utf-8")
+                    for value in split_to_fit([(run_id, steps)], _encode_first_steps, limit):
+                        outgoing.append(Outgoing(self.steps_topic, key, value, None, ts, headers))
             else:
                 # One message per destination partition: the partition the run id would be
                 # keyed to, so table ownership and the /runs/{id} routing are unchanged.
@@ -1278,19 +1313,8 @@ class LoopwatchService:
                     p = key_partition(run_id.encode("utf-8"), n)
                     by_partition.setdefault(p, []).append((run_id, steps))
                 for p, groups in by_partition.items():
-                    pending.append(
-                        await self._send(
-                            self.steps_topic,
-                            key=None,
-                            value=encode_run_groups(groups),
-                            partition=p,
-                            timestamp=ts,
-                            headers=headers,
-                        )
-                    )
-                    self.counters["step_messages_sent"] += 1
-            if not resend:
-                self._count_input(message.topic, n_spans)
+                    for value in split_to_fit(groups, encode_run_groups, limit):
+                        outgoing.append(Outgoing(self.steps_topic, None, value, p, ts, headers))
         except Exception as exc:  # never crash the agent on input
             log.exception(
                 "ingest: unexpected error on %s/%s@%s",
@@ -1298,8 +1322,13 @@ class LoopwatchService:
                 message.partition,
                 message.offset,
             )
-            pending.append(await self._dead_letter(message, "internal_error", type(exc).__name__))
-        return pending
+            sent.append(await self._dead_letter(message, "internal_error", type(exc).__name__))
+            return sent
+        for out in outgoing:
+            sent.append(await self._send(out))
+        self.counters["step_messages_sent"] += len(outgoing)
+        self._count_input(message.topic, n_spans)
+        return sent
 
     def _clock_headers(self) -> dict[str, bytes] | None:
         """The input clock a steps message is sent at (RunDriver.process_run): every input
@@ -1309,54 +1338,47 @@ class LoopwatchService:
         return {CLOCK_HEADER: str(self.clock_ns()).encode()}
 
     @staticmethod
-    async def _send(
-        topic: Any,
-        *,
-        key: bytes | None,
-        value: bytes,
-        partition: int | None = None,
-        timestamp: float | None = None,
-        headers: Mapping[str, bytes] | list[tuple[str, bytes]] | None = None,
-    ) -> Any:
-        """Send, returning faust's FutureMessage (topic.send returns the producer's future
-        instead). faust sets a failed delivery's exception on the FutureMessage too, and
-        unless that is awaited asyncio logs "FutureMessage exception was never retrieved",
-        an ERROR with a traceback, for a failure _deliver has already handled."""
-        message = topic.as_future_message(
-            key=key, value=value, partition=partition, timestamp=timestamp, headers=headers
-        )
-        await topic.publish_message(message)
-        return message
+    async def _send(out: Outgoing) -> tuple[Outgoing, Any]:
+        """Send `out`; returns it with faust's FutureMessage for its delivery, never raises
+        (but CancelledError): an error raised while sending (the producer's buffer full
+        or its metadata unavailable, a request over its size limit) becomes the future's,
+        so _deliver handles it like a failed delivery. topic.send would return the
+        producer's future instead; faust sets a failed delivery's error on its
+        FutureMessage too, and asyncio logs one nobody awaits as "never retrieved"."""
+        topic = out.topic
+        try:
+            message = topic.as_future_message(
+                key=out.key,
+                value=out.value,
+                partition=out.partition,
+                timestamp=out.timestamp,
+                headers=out.headers,
+            )
+            await topic.publish_message(message)
+        except Exception as exc:
+            message = asyncio.get_running_loop().create_future()
+            message.set_exception(exc)
+        return out, message
 
-    async def _dead_letters(self, message: Any, reason: str, exc: BaseException) -> list[Any]:
-        return [await self._dead_letter(message, reason, type(exc).__name__)]
-
-    async def _deliver(
-        self,
-        stage: str,
-        items: list[tuple[Any, list[Any]]],
-        resend: Callable[[Any], Awaitable[list[Any]]],
-        too_large: Callable[[Any, BaseException], Awaitable[list[Any]]] | None = None,
-    ) -> None:
-        """Wait until every item's messages are delivered. An item with a failed delivery
-        is sent again (`resend`), with backoff, for as long as it takes: a broker outage
-        longer than the producer's own retries must delay outputs, not lose them or hold
-        offsets unacknowledged until a restart. An item the broker refuses as too large
-        goes to `too_large` (raised without one). Raises ProducerClosed when stopping."""
+    async def _deliver(self, stage: str, sent: list[tuple[Outgoing, Any]]) -> None:
+        """Wait until every message of `sent` is delivered. One whose delivery failed is
+        sent again, with backoff, for as long as it takes (see PUBLISH_RETRY_*): outputs
+        are delayed, never dropped, and offsets are not left unacknowledged until a
+        restart. A message refused as too large is replaced by its fallback if it has one.
+        Raises Stopping when the worker stops meanwhile."""
         delay = PUBLISH_RETRY_FIRST_SECONDS
-        while True:
-            failed: list[tuple[Any, BaseException]] = []
-            for item, futures in items:
-                results = await asyncio.gather(*futures, return_exceptions=True)
-                exc = next((r for r in results if isinstance(r, BaseException)), None)
-                if exc is not None:
-                    if isinstance(exc, ProducerClosed | asyncio.CancelledError):
-                        raise exc
-                    if isinstance(exc, TOO_LARGE) and too_large is None:
-                        raise exc
-                    failed.append((item, exc))
+        while sent:
+            # gather retrieves every error (and returns a cancelled future's as a value)
+            results = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
+            failed = [
+                (out, result)
+                for (out, _), result in zip(sent, results, strict=True)
+                if isinstance(result, BaseException)
+            ]
             if not failed:
                 return
+            if self._stopping():
+                raise Stopping
             self.metrics.publish_retries.labels(stage=stage).inc(len(failed))
             self.counters["publish_retries"] += len(failed)
             log.warning(
@@ -1368,29 +1390,38 @@ class LoopwatchService:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, PUBLISH_RETRY_MAX_SECONDS)
-            items = []
-            for item, exc in failed:
-                if too_large is not None and isinstance(exc, TOO_LARGE):
-                    items.append((item, await too_large(item, exc)))
-                else:
-                    items.append((item, await resend(item)))
+            if self._stopping():
+                raise Stopping
+            sent = []
+            for out, error in failed:
+                if isinstance(error, MessageSizeTooLargeError) and out.fallback is not None:
+                    out = out.fallback
+                sent.append(await self._send(out))
 
-    async def _dead_letter(self, message: Any, reason: str, error: str) -> Any:
-        """Send a dead letter; returns its delivery future."""
-        value, headers = dead_letter_record(
-            message.value,
-            reason=reason,
-            error=error,
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            capture_payload=self.settings.dlq_capture_payload,
+    def _stopping(self) -> bool:
+        return bool(self.app.should_stop)
+
+    async def _dead_letter(self, message: Any, reason: str, error: str) -> tuple[Outgoing, Any]:
+        """Send a dead letter; returns it as _send does. With the payload captured, the
+        fallback (sent if the broker refuses it as too large) leaves the payload out."""
+        fields = {
+            "reason": reason,
+            "error": error,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+        }
+        value, headers = dead_letter_record(message.value, **fields, capture_payload=False)
+        out = Outgoing(
+            self.dead_topic, dead_letter_key(message.key, False), value, None, None, headers
         )
-        key = dead_letter_key(message.key, self.settings.dlq_capture_payload)
-        future = await self._send(self.dead_topic, key=key, value=value, headers=headers)
+        if self.settings.dlq_capture_payload:
+            value, headers = dead_letter_record(message.value, **fields, capture_payload=True)
+            key = dead_letter_key(message.key, True)
+            out = Outgoing(self.dead_topic, key, value, None, None, headers, fallback=out)
         self.metrics.dead_letter(reason)
         self.counters["dead_letters"] += 1
-        return future
+        return await self._send(out)
 
     def _count_input(self, topic: str, n_spans: int) -> None:
         """One decoded input record (ingest, or keyed detect)."""
@@ -1405,7 +1436,7 @@ class LoopwatchService:
         streamed: bool,
         groups: dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]],
         ticks: dict[int, tuple[Any, int | None]],
-        dead: list[Any],
+        dead: list[tuple[Outgoing, Any]],
     ) -> None:
         """Add one record's steps to `groups` (keyed input: decoded here; steps topic: as
         ingest grouped them) or its tick to `ticks`. `streamed` is False for a record read
@@ -1439,7 +1470,7 @@ class LoopwatchService:
     async def detect_batch(self, events: list[Any]) -> None:
         groups: dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]] = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
-        dead: list[Any] = []  # dead letters' delivery futures: awaited before the batch acks
+        dead: list[tuple[Outgoing, Any]] = []  # dead letters: delivered before the batch acks
         refetched: list[Any] = []  # acknowledged with the batch, once it is done
         for event in events:
             message = event.message
@@ -1511,8 +1542,7 @@ class LoopwatchService:
         except BaseException:
             self.driver.discard_writes()
             raise
-        if dead:
-            await asyncio.gather(*dead)
+        await self._deliver("detect", dead)
         writes = self.driver.take_writes()
         tables = {"runs": self.runs, "finished": self.finished}
         for table, partition, key, value in writes:
@@ -1530,20 +1560,15 @@ class LoopwatchService:
         """Send the events and summaries, wait for the broker's acks (sending again what
         failed, see _deliver), then count them."""
         m = self.metrics
-        messages: list[tuple[Any, bytes, bytes]] = []
+        sent = []
         for _, out in outputs:
             for ev in out.events:
-                messages.append((self.events_topic, ev["run_id"].encode("utf-8"), _json(ev)))
+                key = ev["run_id"].encode("utf-8")
+                sent.append(await self._send(Outgoing(self.events_topic, key, _json(ev))))
             for summary in out.summaries:
-                messages.append(
-                    (self.runs_topic, summary["run_id"].encode("utf-8"), _json(summary))
-                )
-
-        async def send(message: tuple[Any, bytes, bytes]) -> list[Any]:
-            topic, key, value = message
-            return [await self._send(topic, key=key, value=value)]
-
-        await self._deliver("detect", [(msg, await send(msg)) for msg in messages], resend=send)
+                key = summary["run_id"].encode("utf-8")
+                sent.append(await self._send(Outgoing(self.runs_topic, key, _json(summary))))
+        await self._deliver("detect", sent)
         loops: dict[tuple[int, str], int] = {}
         runs: dict[tuple[int, str], int] = {}
         for partition, out in outputs:
@@ -1650,12 +1675,10 @@ class LoopwatchService:
             if sent is not None and now - sent < 10.0:
                 continue  # one tick in flight per partition (resent if lost)
             self.tick_sent[partition] = now
-            sent_tick = await self._send(
-                self.steps_topic,
-                key=None,
-                value=encode_tick(time.time_ns(), clock_ns),
-                partition=partition,
+            tick = Outgoing(
+                self.steps_topic, None, encode_tick(time.time_ns(), clock_ns), partition
             )
+            _, sent_tick = await self._send(tick)
             sent_tick.add_done_callback(_ignore_failure)  # a lost tick is sent again
         self.metrics.active_runs.set(len(self.driver.index))
 

@@ -1,11 +1,12 @@
 """A send the broker refuses, through `loopwatch worker` on the real broker.
 
-The internal steps topic is created beforehand with a small ``max.message.bytes``: the
-steps of one large input record exceed it, and the broker answers MESSAGE_TOO_LARGE for
-the delivery. The worker must dead-letter that record (reason ``publish_error``), count
-the failed delivery, acknowledge the record so that its partition's commits move on, and
-keep processing the records after it. Before, the record stayed unacknowledged and held
-its partition's committed offset until a restart.
+The internal steps topic is created beforehand with a small ``max.message.bytes`` (an
+operator's mistake): the steps of one large input record exceed it, and the broker answers
+MESSAGE_TOO_LARGE for the delivery, which the producer does not retry. The worker must
+count the failed delivery (the metric LoopwatchPublishRetrying alerts on), keep sending it
+with backoff, and once the limit is raised deliver it, process it and the records after it,
+and commit past them, without a restart and without a dead letter. Before, the record
+stayed unacknowledged and held its partition's committed offset until a restart.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from tests.integration.worker_support import WorkerProc, headers_of, write_policy
-from tests.kafka_support import bootstrap, create_topics, require_broker
+from tests.integration.worker_support import WorkerProc, write_policy
+from tests.kafka_support import admin_client, bootstrap, create_topics, require_broker
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 
@@ -36,7 +38,37 @@ def committed_offset(group: str, topic: str, partition: int) -> int:
         consumer.close()
 
 
-def test_steps_refused_as_too_large_are_dead_lettered_and_commits_move_on(
+def raise_message_limit(topic: str, limit: int) -> None:
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    admin = admin_client()  # kept alive until the answer: a dropped client aborts it
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def events_of(worker: WorkerProc, run: Run) -> list[str]:
+    events = worker.read(
+        "events",
+        until=lambda records: any(
+            json.loads(r.value())["trace_id"] == run.trace_id for r in records
+        ),
+        timeout=60,
+    )
+    return [
+        json.loads(r.value())["shape"]
+        for r in events
+        if json.loads(r.value())["trace_id"] == run.trace_id
+    ]
+
+
+def test_steps_refused_as_too_large_are_sent_again_until_the_limit_is_raised(
     tmp_path: Path,
 ) -> None:
     require_broker()
@@ -48,8 +80,8 @@ def test_steps_refused_as_too_large_are_dead_lettered_and_commits_move_on(
     create_topics([worker.topics["steps"]], 4, config={"max.message.bytes": str(STEPS_MAX_BYTES)})
 
     big = Run(trace=31)
-    for i in range(100):  # one run: its steps go in one message, far over the limit
-        big.tool("lookup_order", {"order_id": f"B{i}"}, {"status": "shipped", "version": i})
+    for _ in range(30):  # one run, looping: its steps go in one message, over the limit
+        big.tool("lookup_order", {"order_id": "B1"}, {"status": "shipped"})
     big.root()
     small = Run(trace=32)
     for _ in range(3):
@@ -58,31 +90,21 @@ def test_steps_refused_as_too_large_are_dead_lettered_and_commits_move_on(
     try:
         worker.start()
         worker.wait_ready()
-        ((_, big_offset),) = worker.produce([(None, encode_request(big.spans))])
-        dead = worker.read("dead", until=lambda records: len(records) >= 1, timeout=60)
-        assert len(dead) == 1, worker.log_tail()
-        headers = headers_of(dead[0])
-        assert headers["reason"] == "publish_error", headers
-        assert headers["error"] == "MessageSizeTooLargeError", headers
-        assert headers["source_offset"] == str(big_offset)
-        assert worker.metric('loopwatch_publish_retries_total{stage="ingest"}') >= 1
-        assert worker.metric('loopwatch_dead_letters_total{reason="publish_error"}') == 1
-
-        # The partition moves on: the next record is processed and both are committed.
-        ((_, small_offset),) = worker.produce([(None, encode_request(small.spans))])
-        events = worker.read(
-            "events",
-            until=lambda records: any(
-                json.loads(r.value())["trace_id"] == small.trace_id for r in records
-            ),
-            timeout=60,
-        )
-        shapes = {json.loads(r.value())["shape"] for r in events}
-        assert shapes == {"identical_repetition"}, worker.log_tail()
+        worker.produce([(None, encode_request(big.spans)), (None, encode_request(small.spans))])
         deadline = time.monotonic() + 30
-        while committed_offset(worker.app_id, worker.topics["input"], 0) < small_offset + 1:
+        while worker.metric('loopwatch_publish_retries_total{stage="ingest"}') < 2:
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.5)
+        assert committed_offset(worker.app_id, worker.topics["input"], 0) < 1  # held
+
+        raise_message_limit(worker.topics["steps"], 1_000_000)  # the operator's fix
+        assert events_of(worker, big) == ["identical_repetition"], worker.log_tail()
+        assert events_of(worker, small) == ["identical_repetition"], worker.log_tail()
+        deadline = time.monotonic() + 30
+        while committed_offset(worker.app_id, worker.topics["input"], 0) < 2:
             assert time.monotonic() < deadline, "the input partition's commits did not move on"
             time.sleep(0.5)
+        assert worker.read("dead", timeout=2) == []
         assert worker.alive()
         assert not worker.crash_lines(), worker.log_tail()
     finally:

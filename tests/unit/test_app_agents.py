@@ -5,6 +5,7 @@ per-message methods are called with fake events."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -14,12 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from aiokafka.errors import (
-    KafkaConnectionError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    ProducerClosed,
-)
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry
 
 from alerts.metrics import Metrics
@@ -32,6 +28,7 @@ from streams.app import (
     encode_run_groups,
     encode_tick,
     sent_clock,
+    split_to_fit,
     tick_clock,
 )
 from streams.input_clock import InputClock
@@ -74,6 +71,7 @@ class FakeTopic:
         self.log = log
         self.sent: list[dict[str, Any]] = []
         self.failures: list[BaseException] = []  # the next sends' delivery errors
+        self.refusals: list[BaseException] = []  # the next sends' errors raised at once
 
     def as_future_message(self, **kw: Any) -> FakeFuture:
         fut = FakeFuture()
@@ -81,6 +79,8 @@ class FakeTopic:
         return fut
 
     async def publish_message(self, fut: FakeFuture) -> None:
+        if self.refusals:
+            raise self.refusals.pop(0)
         self.sent.append(fut.kw)
         self.log.append(("send", self.name))
         if self.failures:
@@ -399,7 +399,7 @@ async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_th
     ingested = await service.ingest_event(event)
     assert refetcher.reads == [(0, 3, 5)]
     assert [record.message.offset for record, _ in ingested] == [3, 4, 5]
-    assert all(len(futures) == 1 for _, futures in ingested)
+    assert all(len(sent) == 1 for _, sent in ingested)
     forwarded = [json.loads(m["value"]) for m in service.steps_topic.sent]
     assert sum(len(groups) for groups in forwarded) == 3  # both skipped runs, then 5's
     stream = FakeStream()
@@ -439,29 +439,119 @@ async def test_ingest_sends_steps_again_until_delivered_then_acks(
     assert service.dead_topic.sent == []
 
 
-async def test_ingest_dead_letters_a_record_whose_steps_are_too_large(
+async def test_ingest_sends_steps_refused_as_too_large_again_until_accepted(
     service: Any, fast_retries: None
 ) -> None:
-    service.steps_topic.failures = [MessageSizeTooLargeError()]
+    """The broker refuses a whole producer batch when a topic's max.message.bytes is below
+    it, small messages included: a refusal says nothing about this record alone. It is sent
+    again until an operator raises the limit; nothing goes to the dead letters."""
+    service.steps_topic.failures = [MessageSizeTooLargeError(), MessageSizeTooLargeError()]
     event = Ev(Msg("otlp_spans", 1, 9, None, encode_request(looping_run(8).spans)))
     stream = FakeStream()
     await acked(service, stream, event, await service.ingest_event(event))
-    (dead,) = service.dead_topic.sent
-    headers = dict(dead["headers"])
-    assert headers["reason"] == b"publish_error"
-    assert headers["error"] == b"MessageSizeTooLargeError"
-    assert len(service.steps_topic.sent) == 1  # not sent again: it would fail again
-    assert stream.acked == [9]
+    assert len(service.steps_topic.sent) == 3 and stream.acked == [9]
+    assert service.dead_topic.sent == []
 
 
-async def test_ingest_leaves_the_record_unacked_when_the_producer_closes(
+async def test_a_send_that_raises_at_once_is_sent_again_not_dead_lettered(
     service: Any, fast_retries: None
 ) -> None:
-    service.steps_topic.failures = [ProducerClosed()]
+    """faust raises ProducerSendError at once when the producer's buffer stays full or its
+    metadata is unavailable: before, ingest dead-lettered the record as internal_error."""
+    service.steps_topic.refusals = [RuntimeError("buffer full")]
+    event = Ev(Msg("otlp_spans", 1, 11, None, encode_request(looping_run(10).spans)))
+    stream = FakeStream()
+    await acked(service, stream, event, await service.ingest_event(event))
+    assert len(service.steps_topic.sent) == 1 and stream.acked == [11]
+    assert service.dead_topic.sent == []
+    assert retries(service, "ingest") == 1
+
+
+async def test_ingest_leaves_the_record_unacked_when_the_worker_stops(
+    service: Any, fast_retries: None
+) -> None:
+    service.steps_topic.failures = [KafkaTimeoutError()]
+    service._stopping = lambda: True
     event = Ev(Msg("otlp_spans", 1, 10, None, encode_request(looping_run(9).spans)))
     stream = FakeStream()
     await acked(service, stream, event, await service.ingest_event(event))
     assert stream.acked == [] and len(service.steps_topic.sent) == 1
+
+
+async def test_a_failed_acknowledgement_does_not_stop_the_next_ones(service: Any) -> None:
+    class FlakyStream(FakeStream):
+        async def ack(self, event: Any) -> bool:
+            if event.message.offset == 20:
+                raise RuntimeError("ack failed")
+            return await super().ack(event)
+
+    stream = FlakyStream()
+    for offset in (20, 21):
+        event = Ev(Msg("otlp_spans", 3, offset, None, encode_request(looping_run(offset).spans)))
+        service._ack_when_delivered(stream, event, await service.ingest_event(event))
+    await service._last_ack[("otlp_spans", 3)]
+    assert stream.acked == [21]
+
+
+async def test_a_resent_dead_letter_is_counted_once(service: Any, fast_retries: None) -> None:
+    service.dead_topic.failures = [KafkaTimeoutError()]
+    event = Ev(Msg("otlp_spans", 2, 12, None, b"\x0a\xff\xff garbage"))
+    stream = FakeStream()
+    await acked(service, stream, event, await service.ingest_event(event))
+    assert len(service.dead_topic.sent) == 2 and stream.acked == [12]
+    registry = service.metrics.registry
+    assert (
+        registry.get_sample_value("loopwatch_dead_letters_total", {"reason": "decode_error"}) == 1
+    )
+    assert (
+        registry.get_sample_value("loopwatch_decode_errors_total", {"reason": "decode_error"}) == 1
+    )
+
+
+async def test_a_captured_dead_letter_refused_as_too_large_goes_without_its_payload(
+    service: Any, fast_retries: None
+) -> None:
+    service.settings = dataclasses.replace(service.settings, dlq_capture_payload=True)
+    service.dead_topic.failures = [MessageSizeTooLargeError()]
+    event = Ev(Msg("otlp_spans", 2, 13, b"k", b"\x0a\xff\xff garbage"))
+    stream = FakeStream()
+    await acked(service, stream, event, await service.ingest_event(event))
+    first, second = service.dead_topic.sent
+    assert b"garbage" in first["value"] and b"garbage" not in second["value"]
+    assert stream.acked == [13]
+
+
+def test_split_to_fit_keeps_every_step_in_order() -> None:
+    runs = [looping_run(t) for t in (30, 31, 32)]
+    normalizer = service_normalizer()
+    groups = [(run.trace_id, [normalizer.step(span) for span in run.spans]) for run in runs]
+    whole = encode_run_groups(groups)
+    pieces = split_to_fit(groups, encode_run_groups, len(whole) // 3)
+    assert len(pieces) > 3 and all(len(p) <= len(whole) // 3 for p in pieces)
+    back = [
+        (run_id, step.span_id)
+        for p in pieces
+        for run_id, steps in decode_run_groups(p)
+        for step in steps
+    ]
+    assert back == [(run_id, step.span_id) for run_id, steps in groups for step in steps]
+    assert split_to_fit(groups, encode_run_groups, len(whole)) == [whole]
+
+
+async def test_ingest_splits_steps_over_the_message_limit(
+    service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("streams.app.MAX_STEPS_MESSAGE_BYTES", 2000)
+    run = Run(trace=33)
+    for i in range(20):
+        run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "pending"})
+    run.root()
+    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    sent = service.steps_topic.sent
+    assert len(sent) > 3 and all(len(m["value"]) <= 2000 for m in sent)
+    assert len({m["partition"] for m in sent}) == 1
+    steps = [s for m in sent for _, group in decode_run_groups(m["value"]) for s in group]
+    assert len(steps) == 21
 
 
 async def test_detect_publishes_again_what_was_not_delivered(
@@ -527,3 +617,10 @@ async def test_a_missing_faust_internal_for_the_head_check_is_said_once(
     warnings = [r for r in caplog.records if "_committed_offset" in r.getMessage()]
     assert len(warnings) == 1
     assert len(service.steps_topic.sent) == 2  # ingest goes on
+
+
+def service_normalizer() -> Any:
+    raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
+    from streams.normalize import Normalizer
+
+    return Normalizer(policy_from_mapping(raw, "<test>"), Fingerprinter(b"k"))

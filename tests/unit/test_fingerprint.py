@@ -38,3 +38,11 @@ def test_canonical_json() -> None:
     ).encode("utf-8")
     with pytest.raises(ValueError):
         canonical(float("nan"))
+
+
+def test_a_cyclic_value_still_gets_a_digest() -> None:
+    # A recursive YAML alias in a tool contract's defaults (`filters: &f [*f]`) is a cycle.
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    fp = Fingerprinter(b"k")
+    assert fp.of_value("t", {"filters": cyclic}) == fp.of_value("t", {"filters": cyclic})
