@@ -215,8 +215,10 @@ class Outgoing:
     fallback: Outgoing | None = None
 
 
-class Stopping(Exception):
-    """The worker is stopping while outputs wait to be delivered: left unacknowledged."""
+class Abandoned(Exception):
+    """Outputs still waited for delivery when the worker began to stop or its partitions
+    were revoked: what sent them stays unacknowledged, and the partition's next owner
+    (this worker again, after an eager rebalance) processes it again."""
 
 
 def key_partition(key: bytes, partitions: int) -> int:
@@ -1022,6 +1024,7 @@ class LoopwatchService:
         self._input_probe: KafkaInputProbe | None = None
         self._max_lag_warned_ns = 0
         self._head_check_off = False  # faust internals the head-skip check reads are missing
+        self._revocations = 0  # rebalances so far (eager: each revokes every partition)
         self._probe_ok_ns = time.time_ns()
         self.counters = {
             "records": 0,
@@ -1141,6 +1144,7 @@ class LoopwatchService:
 
     async def _on_revoked(self, app: Any, revoked: Any = None, **kwargs: Any) -> None:
         self.ready = False
+        self._revocations += 1
         self._gaps.forget()
         for tp in revoked or ():
             self.metrics.forget_consumer_lag(tp.topic, tp.partition)
@@ -1169,7 +1173,11 @@ class LoopwatchService:
                 # after detect_batch has published and written, keeps such a batch unacked.
                 for event in events:
                     event.message.incref()
-                await self.detect_batch(events)
+                try:
+                    await self.detect_batch(events)
+                except Abandoned:
+                    log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
+                    continue  # unacked: processed again from the committed offsets
                 for event in events:
                     await stream.ack(event)
                 self.counters["detect_batches"] += 1
@@ -1257,7 +1265,7 @@ class LoopwatchService:
                 await self._deliver("ingest", [sent for _, out in records for sent in out])
                 self._ack_refetched([record for record, _ in records[:-1]])
                 await stream.ack(event)
-            except Stopping:
+            except Abandoned:
                 pass  # unacknowledged: the partition's next owner processes the records
             except Exception:
                 log.exception("ingest: record %s not acknowledged", event.message.offset)
@@ -1365,7 +1373,10 @@ class LoopwatchService:
         sent again, with backoff, for as long as it takes (see PUBLISH_RETRY_*): outputs
         are delayed, never dropped, and offsets are not left unacknowledged until a
         restart. A message refused as too large is replaced by its fallback if it has one.
-        Raises Stopping when the worker stops meanwhile."""
+        Raises Abandoned when the worker stops or a rebalance revokes its partitions
+        meanwhile: a detect batch would otherwise write state of partitions it no longer
+        owns after their new owner restored them."""
+        generation = self._revocations
         delay = PUBLISH_RETRY_FIRST_SECONDS
         while sent:
             # gather retrieves every error (and returns a cancelled future's as a value)
@@ -1377,8 +1388,8 @@ class LoopwatchService:
             ]
             if not failed:
                 return
-            if self._stopping():
-                raise Stopping
+            if self._stopping() or self._revocations != generation:
+                raise Abandoned
             self.metrics.publish_retries.labels(stage=stage).inc(len(failed))
             self.counters["publish_retries"] += len(failed)
             log.warning(
@@ -1390,8 +1401,8 @@ class LoopwatchService:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, PUBLISH_RETRY_MAX_SECONDS)
-            if self._stopping():
-                raise Stopping
+            if self._stopping() or self._revocations != generation:
+                raise Abandoned
             sent = []
             for out, error in failed:
                 if isinstance(error, MessageSizeTooLargeError) and out.fallback is not None:

@@ -22,6 +22,7 @@ from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
 from streams.app import (
+    Abandoned,
     Deadline,
     build_app,
     decode_run_groups,
@@ -476,6 +477,31 @@ async def test_ingest_leaves_the_record_unacked_when_the_worker_stops(
     stream = FakeStream()
     await acked(service, stream, event, await service.ingest_event(event))
     assert stream.acked == [] and len(service.steps_topic.sent) == 1
+
+
+async def test_detect_abandons_a_batch_whose_partitions_were_revoked_meanwhile(
+    service: Any, fast_retries: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its outputs undelivered across a rebalance, a detect batch must not write the state
+    of partitions whose new owner has restored them: it stays unacked, to be redone."""
+    await service.ingest_record(
+        Ev(Msg("otlp_spans", 0, 1, None, encode_request(looping_run(34).spans)))
+    )
+    (msg,) = service.steps_topic.sent
+    service.events_topic.failures = [KafkaConnectionError()]
+    sleep = asyncio.sleep
+
+    async def rebalance_while_waiting(delay: float) -> None:
+        await service._on_revoked(service.app, [])
+        await sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", rebalance_while_waiting)
+    with pytest.raises(Abandoned):
+        await service.detect_batch(
+            [Ev(Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"]))]
+        )
+    assert len(service.runs) == 0  # no state written for a batch that was not delivered
+    assert sum(service.loop_counts.values()) == 0
 
 
 async def test_a_failed_acknowledgement_does_not_stop_the_next_ones(service: Any) -> None:
