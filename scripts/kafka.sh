@@ -332,7 +332,12 @@ log4j_sysprops() {
 format_storage() {
   [[ -f "$LOG_DIRS/meta.properties" ]] && return 0
   local cluster_id
-  cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+  # base64url of 16 random bytes; one starting with '-' reads as an option to the tool's
+  # argument parser ("--cluster-id: expected one argument"): 1 format in 64 failed on it
+  cluster_id="-"
+  while [[ "$cluster_id" == -* ]]; do
+    cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+  done
   # the tool logs through the same log4j2 config: keep its lines out of the broker's server.log
   local l4j=("-Dlog4j2.configurationFile=$LOG4J_CONF" "-Dkafka.logs.dir=$APP_LOG_DIR/format")
   if ! "$JAVA" -Xmx256m "${l4j[@]}" -cp "$(classpath)" kafka.tools.StorageTool \
