@@ -547,10 +547,9 @@ async def test_a_captured_dead_letter_refused_as_too_large_goes_without_its_payl
     assert stream.acked == [13]
 
 
-def test_split_to_fit_keeps_every_step_in_order() -> None:
+def test_split_to_fit_keeps_every_step_in_order(service: Any) -> None:
     runs = [looping_run(t) for t in (30, 31, 32)]
-    normalizer = service_normalizer()
-    groups = [(run.trace_id, [normalizer.step(span) for span in run.spans]) for run in runs]
+    groups = [(run.trace_id, [service.normalizer.step(span) for span in run.spans]) for run in runs]
     whole = encode_run_groups(groups)
     pieces = split_to_fit(groups, encode_run_groups, len(whole) // 3)
     assert len(pieces) > 3 and all(len(p) <= len(whole) // 3 for p in pieces)
@@ -643,10 +642,3 @@ async def test_a_missing_faust_internal_for_the_head_check_is_said_once(
     warnings = [r for r in caplog.records if "_committed_offset" in r.getMessage()]
     assert len(warnings) == 1
     assert len(service.steps_topic.sent) == 2  # ingest goes on
-
-
-def service_normalizer() -> Any:
-    raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
-    from streams.normalize import Normalizer
-
-    return Normalizer(policy_from_mapping(raw, "<test>"), Fingerprinter(b"k"))
