@@ -6,6 +6,7 @@ file, the key path and what was expected: never a silent default.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,8 +15,10 @@ from typing import Any
 import yaml
 
 from detectors.errors import ConfigError
+from detectors.reader import Reader, join
+from detectors.recognition import FIELDS as RECOGNITION_FIELDS
+from detectors.recognition import Profile, Termination, compile_profiles
 
-MAX_SECONDS = 1e9  # ~31 years: keeps int(seconds * 1e9) a finite int
 NORMALIZE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace", "sort"})
 TERMINATION_REASONS = (
     "final_answer",
@@ -45,6 +48,9 @@ DEFAULT_TRANSIENT_CODES = (
     "connecttimeout",
     "deadline_exceeded",
     "unavailable",
+    "overloaded",
+    "529",
+    "connection_error",
 )
 DEFAULT_AMBIGUOUS_CODES = (
     "timeout",
@@ -57,32 +63,55 @@ DEFAULT_AMBIGUOUS_CODES = (
 )
 DEFAULT_MISSING_DATA_CODES = ("404", "not_found", "notfound", "no_results", "empty")
 
-# Attribute-convention key lists (contracts.md §2). First match wins; all overridable
-# under `conventions:` in the policy file.
-DEFAULT_CONVENTIONS: dict[str, tuple[str, ...]] = {
-    "operation": ("gen_ai.operation.name",),
-    "span_kind": ("openinference.span.kind",),
-    "tool_name": ("gen_ai.tool.name", "tool.name"),
-    "call_id": ("gen_ai.tool.call.id", "tool_call.id", "tool.id"),
-    "arguments": ("gen_ai.tool.call.arguments", "input.value", "tool.parameters"),
-    "result": ("gen_ai.tool.call.result", "output.value"),
-    "error_type": ("error.type",),
-    "prompt_version": ("gen_ai.prompt.version", "llm.prompt_template.version"),
+# Span recognition: the built-in profiles (detectors/profiles.yaml, format in
+# detectors/recognition.py). `conventions:` (the older form) overrides the key lists of the
+# `generic` profile, names the resource keys, and sets the summary rules' values.
+BUILTIN_PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+BUILTIN_PROFILES: dict[str, Any] = yaml.safe_load(BUILTIN_PROFILES_FILE.read_text("utf-8"))[
+    "profiles"
+]
+RESOURCE_CONVENTIONS: dict[str, tuple[str, ...]] = {
     "resource_prompt_version": ("prompt.version",),
-    "tool_version": ("gen_ai.tool.version", "tool.version"),
     "resource_tool_version": ("tool.version",),
-    "agent_name": ("gen_ai.agent.name", "agent.name"),
-    "conversation": ("gen_ai.conversation.id", "session.id"),
-    "input_tokens": ("gen_ai.usage.input_tokens", "llm.token_count.prompt"),
-    "output_tokens": ("gen_ai.usage.output_tokens", "llm.token_count.completion"),
-    "handoff_from": ("gen_ai.handoff.from_agent",),
-    "handoff_to": ("gen_ai.handoff.to_agent",),
-    "plan_steps": ("gen_ai.plan.steps",),
-    "output_messages": ("gen_ai.output.messages",),
-    "finish_reason": ("gen_ai.agent.finish_reason", "gen_ai.response.finish_reasons"),
-    "metadata": ("metadata",),
-    "summary_operations": ("summarize", "summarization", "compact", "compress"),
-    "summary_name_markers": ("summar", "compact", "compress"),
+}
+SUMMARY_RULE_IDS = {
+    "summary_operations": "field",  # the operation values of a summarization span
+    "summary_name_markers": "name_contains",  # span-name fragments that mean one
+}
+
+
+def _generic_keys() -> dict[str, tuple[str, ...]]:
+    fields = BUILTIN_PROFILES["generic"]["fields"]
+    return {f: tuple(k for k in v if isinstance(k, str)) for f, v in fields.items()}
+
+
+def _summary_values() -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for rule in BUILTIN_PROFILES["generic"]["kinds"]:
+        if rule.get("id") == "summary_operations":
+            out["summary_operations"] = tuple(rule["match"]["field"]["operation"])
+        elif rule.get("id") == "summary_name_markers":
+            out["summary_name_markers"] = tuple(rule["match"]["name_contains"])
+    return out
+
+
+DEFAULT_CONVENTIONS: dict[str, tuple[str, ...]] = {
+    **_generic_keys(),
+    **RESOURCE_CONVENTIONS,
+    **_summary_values(),
+}
+
+# Transient causes found in exception and status messages when the error's code itself
+# is not transient (a tool raising RuntimeError("... 503 Service Unavailable")): regex ->
+# the transient code it means. Matched, never copied. Order matters (504 before timeout).
+DEFAULT_TRANSIENT_MESSAGE_PATTERNS: dict[str, str] = {
+    r"(?i)\b429\b|too many requests|rate[ _-]?limit|resource[ _]exhausted|quota exceeded": "429",
+    r"(?i)\b504\b|gateway time-?out": "504",
+    r"(?i)\b503\b|service unavailable|temporarily unavailable": "503",
+    r"(?i)\b502\b|bad gateway": "502",
+    r"(?i)\b529\b|overloaded": "overloaded",
+    r"(?i)timed out|time-?out|deadline exceeded": "timeout",
+    r"(?i)connection (reset|refused|aborted)|econnreset|econnrefused": "connection_error",
 }
 
 DEFAULT_EXCEPTION_TYPES: dict[str, str] = {
@@ -191,6 +220,11 @@ class Policy:
         (re.compile(p), r) for p, r in DEFAULT_MESSAGE_PATTERNS.items()
     )
     finish_reasons: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FINISH_REASONS))
+    transient_message_patterns: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+        (re.compile(p), c) for p, c in DEFAULT_TRANSIENT_MESSAGE_PATTERNS.items()
+    )
+    # Span recognition profiles, in the order they are tried (see detectors/recognition.py).
+    profiles: tuple[Profile, ...] = field(default_factory=lambda: default_profiles())
     reconcile_tools: frozenset[str] = frozenset()  # derived: tools named as some reconcile_tool
 
     def limits_for(self, task_type: str | None) -> Limits:
@@ -205,85 +239,6 @@ class Policy:
 
 
 # ---------------------------------------------------------------------------- loading
-
-
-class _Reader:
-    """Walks a parsed YAML mapping, raising ConfigError with file + key path + expectation."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(
-        self, path: str, expected: str, got: Any = None, *, show_got: bool = True
-    ) -> ConfigError:
-        detail = f", got {_describe(got)}" if show_got else ""
-        return ConfigError(f"{self.source}: {path or '<top level>'}: expected {expected}{detail}")
-
-    def mapping(self, value: Any, path: str, allowed: set[str] | None) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise self.fail(path, "a mapping", value)
-        for key in value:
-            if not isinstance(key, str):
-                raise self.fail(path, "string keys", key)
-            if allowed is not None and key not in allowed:
-                raise ConfigError(
-                    f"{self.source}: {_join(path, key)}: unknown key; expected one of "
-                    + ", ".join(sorted(allowed))
-                )
-        return value
-
-    def string(self, value: Any, path: str) -> str:
-        if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
-            raise self.fail(path, "a non-empty string", value)
-        return str(value)
-
-    def integer(self, value: Any, path: str, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(path, f"an integer >= {minimum}", value)
-        return value
-
-    def number(self, value: Any, path: str, minimum: float = 0.0) -> float:
-        # `not minimum <= value <= MAX_SECONDS` also refuses NaN (every comparison is false)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not (minimum <= value <= MAX_SECONDS)
-        ):
-            raise self.fail(path, f"a number >= {minimum} (and <= {MAX_SECONDS:g})", value)
-        return float(value)
-
-    def boolean(self, value: Any, path: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(path, "true or false", value)
-        return value
-
-    def strings(self, value: Any, path: str) -> tuple[str, ...]:
-        if not isinstance(value, list):
-            raise self.fail(path, "a list of strings", value)
-        return tuple(self.string(v, f"{path}[{i}]") for i, v in enumerate(value))
-
-
-def _join(path: str, key: str) -> str:
-    key = key or "''"  # YAML allows an empty key: still say where
-    return f"{path}.{key}" if path else key
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"boolean {value}"
-    if isinstance(value, int | float):
-        return f"number {value}"
-    if isinstance(value, str):
-        return f"string {value!r}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
 
 
 _LIMIT_KEYS = {
@@ -332,10 +287,12 @@ _TOP_KEYS = {
     "missing_data_codes",
     "conventions",
     "termination",
+    "profiles",
+    "transient_message_patterns",
 }
 
 
-def _limits(r: _Reader, raw: Any, path: str, base: Limits) -> Limits:
+def _limits(r: Reader, raw: Any, path: str, base: Limits) -> Limits:
     m = r.mapping(raw, path, _LIMIT_KEYS)
     changes: dict[str, Any] = {}
     for key in (
@@ -347,61 +304,61 @@ def _limits(r: _Reader, raw: Any, path: str, base: Limits) -> Limits:
         "collapse_min_fetches",
     ):
         if key in m:
-            changes[key] = r.integer(m[key], _join(path, key), minimum=1)
+            changes[key] = r.integer(m[key], join(path, key), minimum=1)
     if "window" in m:
-        changes["window"] = r.integer(m["window"], _join(path, "window"), minimum=2)
+        changes["window"] = r.integer(m["window"], join(path, "window"), minimum=2)
     if "token_drop_ratio" in m:
-        ratio = r.number(m["token_drop_ratio"], _join(path, "token_drop_ratio"))
+        ratio = r.number(m["token_drop_ratio"], join(path, "token_drop_ratio"))
         if ratio >= 1:
-            raise r.fail(_join(path, "token_drop_ratio"), "a number between 0 and 1", ratio)
+            raise r.fail(join(path, "token_drop_ratio"), "a number between 0 and 1", ratio)
         changes["token_drop_ratio"] = ratio
     if "budgets" in m:
-        bpath = _join(path, "budgets")
+        bpath = join(path, "budgets")
         b = r.mapping(m["budgets"], bpath, {"steps", "tokens", "seconds"})
         budgets = base.budgets
         if "steps" in b:
-            budgets = replace(budgets, steps=r.integer(b["steps"], _join(bpath, "steps"), 1))
+            budgets = replace(budgets, steps=r.integer(b["steps"], join(bpath, "steps"), 1))
         if "tokens" in b:
-            budgets = replace(budgets, tokens=r.integer(b["tokens"], _join(bpath, "tokens"), 1))
+            budgets = replace(budgets, tokens=r.integer(b["tokens"], join(bpath, "tokens"), 1))
         if "seconds" in b:
-            budgets = replace(budgets, seconds=r.number(b["seconds"], _join(bpath, "seconds")))
+            budgets = replace(budgets, seconds=r.number(b["seconds"], join(bpath, "seconds")))
         changes["budgets"] = budgets
     return replace(base, **changes)
 
 
-def _tool(r: _Reader, name: str, raw: Any, path: str) -> ToolContract:
+def _tool(r: Reader, name: str, raw: Any, path: str) -> ToolContract:
     m = r.mapping(raw, path, _TOOL_KEYS)
     kw: dict[str, Any] = {"name": name}
     if "identity" in m:
-        kw["identity"] = r.strings(m["identity"], _join(path, "identity"))
+        kw["identity"] = r.strings(m["identity"], join(path, "identity"))
     if "defaults" in m:
-        kw["defaults"] = dict(r.mapping(m["defaults"], _join(path, "defaults"), None))
+        kw["defaults"] = dict(r.mapping(m["defaults"], join(path, "defaults"), None))
     if "normalize" in m:
-        npath = _join(path, "normalize")
+        npath = join(path, "normalize")
         norm: dict[str, tuple[str, ...]] = {}
         for arg, ops in r.mapping(m["normalize"], npath, None).items():
-            opstuple = r.strings(ops, _join(npath, arg))
+            opstuple = r.strings(ops, join(npath, arg))
             for op in opstuple:
                 if op not in NORMALIZE_OPS:
                     raise ConfigError(
-                        f"{r.source}: {_join(npath, arg)}: unknown normalization {op!r}; "
+                        f"{r.source}: {join(npath, arg)}: unknown normalization {op!r}; "
                         f"expected one of {', '.join(sorted(NORMALIZE_OPS))}"
                     )
             norm[arg] = opstuple
         kw["normalize"] = norm
     if "progress" in m:
-        ppath = _join(path, "progress")
+        ppath = join(path, "progress")
         p = r.mapping(m["progress"], ppath, _PROGRESS_KEYS)
         for key in ("version_field", "state_field", "cursor_arg", "new_items_field"):
             if key in p:
-                kw[key] = r.string(p[key], _join(ppath, key))
+                kw[key] = r.string(p[key], join(ppath, key))
         if "terminal_states" in p:
             if "state_field" not in p:
                 raise ConfigError(
                     f"{r.source}: {ppath}.terminal_states: needs progress.state_field"
                 )
             kw["terminal_states"] = frozenset(
-                r.strings(p["terminal_states"], _join(ppath, "terminal_states"))
+                r.strings(p["terminal_states"], join(ppath, "terminal_states"))
             )
         if ("cursor_arg" in p) != ("new_items_field" in p):
             raise ConfigError(
@@ -409,29 +366,27 @@ def _tool(r: _Reader, name: str, raw: Any, path: str) -> ToolContract:
                 "(progress = a new cursor that returns new items)"
             )
     if "max_polls" in m:
-        kw["max_polls"] = r.integer(m["max_polls"], _join(path, "max_polls"), minimum=1)
+        kw["max_polls"] = r.integer(m["max_polls"], join(path, "max_polls"), minimum=1)
     if "side_effect" in m:
-        kw["side_effect"] = r.boolean(m["side_effect"], _join(path, "side_effect"))
+        kw["side_effect"] = r.boolean(m["side_effect"], join(path, "side_effect"))
     if "idempotency_key_arg" in m:
         kw["idempotency_key_arg"] = r.string(
-            m["idempotency_key_arg"], _join(path, "idempotency_key_arg")
+            m["idempotency_key_arg"], join(path, "idempotency_key_arg")
         )
     if "business_identity" in m:
-        kw["business_identity"] = r.strings(
-            m["business_identity"], _join(path, "business_identity")
-        )
+        kw["business_identity"] = r.strings(m["business_identity"], join(path, "business_identity"))
     if "reconcile_tool" in m:
-        kw["reconcile_tool"] = r.string(m["reconcile_tool"], _join(path, "reconcile_tool"))
+        kw["reconcile_tool"] = r.string(m["reconcile_tool"], join(path, "reconcile_tool"))
     for key in ("idempotency_key_arg", "business_identity", "reconcile_tool"):
         if key in kw and not kw.get("side_effect"):
             raise ConfigError(
-                f"{r.source}: {_join(path, key)}: only meaningful with side_effect: true"
+                f"{r.source}: {join(path, key)}: only meaningful with side_effect: true"
             )
     return ToolContract(**kw)
 
 
 def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
-    r = _Reader(source)
+    r = Reader(source)
     m = r.mapping(raw, "", _TOP_KEYS)
     kw: dict[str, Any] = {}
     if "policy_version" in m:
@@ -513,7 +468,97 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
         kw["exception_types"] = exc
         kw["message_patterns"] = tuple(compiled)
         kw["finish_reasons"] = fins
+    if "transient_message_patterns" in m:
+        patterns = []
+        for pattern, code in r.mapping(
+            m["transient_message_patterns"], "transient_message_patterns", None
+        ).items():
+            where = f"transient_message_patterns.{pattern}"
+            patterns.append((_regex(source, pattern, where), r.string(code, where).lower()))
+        kw["transient_message_patterns"] = tuple(patterns)
+        kw["transient_error_codes"] = kw.get(
+            "transient_error_codes", frozenset(DEFAULT_TRANSIENT_CODES)
+        ) | {c for _, c in patterns}
+    conventions = kw.get("conventions")
+    if conventions is not None or "profiles" in m or "termination" in m:
+        kw["profiles"] = _profiles(
+            r,
+            m.get("profiles"),
+            conventions or {},
+            set(r.mapping(m.get("conventions"), "conventions", None)),
+            Termination(
+                kw.get("exception_types", dict(DEFAULT_EXCEPTION_TYPES)),
+                kw.get("message_patterns", Policy().message_patterns),
+                kw.get("finish_reasons", dict(DEFAULT_FINISH_REASONS)),
+            ),
+        )
     return Policy(**kw)
+
+
+def _regex(source: str, pattern: str, path: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise ConfigError(f"{source}: {path}: invalid regex {pattern!r}: {exc}") from None
+
+
+def _profiles(
+    r: Reader,
+    user: Any,
+    conventions: dict[str, tuple[str, ...]],
+    overridden: set[str],
+    base: Termination,
+) -> tuple[Profile, ...]:
+    builtin = copy.deepcopy(BUILTIN_PROFILES)
+    for rule in builtin["generic"]["kinds"]:
+        rule_id = rule.get("id")
+        if rule_id in SUMMARY_RULE_IDS and rule_id in overridden:
+            values = list(conventions[rule_id])
+            if rule_id == "summary_operations":
+                rule["match"] = {"field": {"operation": values}}
+            else:
+                rule["match"] = {"name_contains": values}
+            if not values:  # an empty list turns the rule off
+                rule["match"] = {"name": []}
+
+    def check_reason(value: Any, path: str) -> str:
+        reason = r.string(value, path)
+        if reason not in TERMINATION_REASONS:
+            raise r.fail(path, "one of " + ", ".join(TERMINATION_REASONS), reason)
+        return reason
+
+    return compile_profiles(
+        builtin,
+        r.mapping(user, "profiles", None) if user is not None else None,
+        builtin_source=str(BUILTIN_PROFILES_FILE),
+        source=r.source,
+        check_reason=check_reason,
+        base_termination=base,
+        overrides={
+            k: v for k, v in conventions.items() if k in overridden and k in RECOGNITION_FIELDS
+        },
+    )
+
+
+_DEFAULT_PROFILES: tuple[Profile, ...] | None = None
+
+
+def default_profiles() -> tuple[Profile, ...]:
+    """The built-in profiles under the default termination tables (compiled once)."""
+    global _DEFAULT_PROFILES
+    if _DEFAULT_PROFILES is None:
+        _DEFAULT_PROFILES = _profiles(
+            Reader(str(BUILTIN_PROFILES_FILE)),
+            None,
+            {},
+            set(),
+            Termination(
+                dict(DEFAULT_EXCEPTION_TYPES),
+                tuple((re.compile(p), v) for p, v in DEFAULT_MESSAGE_PATTERNS.items()),
+                dict(DEFAULT_FINISH_REASONS),
+            ),
+        )
+    return _DEFAULT_PROFILES
 
 
 def load_policy(path: str | Path | None) -> Policy:

@@ -14,8 +14,9 @@ import zlib
 from typing import Any
 
 from detectors.fingerprint import Fingerprinter
-from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL, Step
+from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, TOOL, Step
 from detectors.policy import Policy, ToolContract
+from detectors.recognition import Profile, Source, SpanFacts
 from streams.spans import STATUS_ERROR, SpanRecord
 
 MAX_ITEMS = 64
@@ -25,8 +26,6 @@ MAX_FUTURE_NS = 24 * 3600 * 10**9
 MAX_CODE_LEN = 64
 # Attribute key sets remembered by Normalizer._view (instrumentations send a few each).
 MAX_PLANS = 1024
-_LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
-_AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 _MISSING = object()
 
 
@@ -199,36 +198,82 @@ def _is_empty(result: Any) -> bool:
     return result is None or result == "" or result == []
 
 
+_Plan = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+class _Facts(SpanFacts):
+    """A span as the recognition matchers see it; the tool name is resolved once, on
+    first use (most rules never ask)."""
+
+    __slots__ = ("span", "profile", "_normalizer", "_tool")
+
+    def __init__(
+        self, normalizer: Normalizer, span: SpanRecord, view: dict[str, Any], profile: Profile
+    ) -> None:
+        super().__init__(span.name, span.parent_span_id is None, span.attributes, view)
+        self.span = span
+        self.profile = profile
+        self._normalizer = normalizer
+        self._tool: str | None = None
+
+    def tool_name(self) -> str:
+        if self._tool is None:
+            self._tool = self._normalizer._tool_name_of(self)
+        return self._tool
+
+
+def _derive(source: Source, facts: _Facts, args: Any) -> Any:
+    """The value of one derived field source for this span, or None."""
+    if source.when is not None and not source.when(facts):
+        return None
+    if source.attribute is not None:
+        value = facts.attrs.get(source.attribute)
+        if value is None:
+            return None
+        if source.plain:
+            if not isinstance(value, str) or value[:1] in "{[":
+                return None
+            return value
+        for key in source.path:
+            value = _as_json(value)
+            if isinstance(value, dict):
+                value = value.get(key)
+            elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+                value = value[int(key)]
+            else:
+                return None
+        return value
+    name = facts.name
+    if source.name_after is not None:
+        return name[len(source.name_after) :] if name.startswith(source.name_after) else None
+    if source.name_before is not None:
+        return name[: -len(source.name_before)] if name.endswith(source.name_before) else None
+    if source.span_name:
+        return name
+    if source.argument is not None:
+        return args.get(source.argument) if isinstance(args, dict) else None
+    if source.tool_name_after is not None:
+        tool = facts.tool_name()
+        prefix = source.tool_name_after
+        return tool[len(prefix) :] if tool.startswith(prefix) else None
+    return None
+
+
 class Normalizer:
-    """Maps decoded spans to Steps under one policy and one fingerprint key."""
+    """Maps decoded spans to Steps under one policy and one fingerprint key.
+
+    Which spans are tools, model calls, agents, handoffs, plans or summaries, and which
+    attributes hold their fields, is the policy's recognition profiles (data:
+    detectors/profiles.yaml and the policy's `profiles:`); this class applies them.
+    """
 
     def __init__(self, policy: Policy, fingerprinter: Fingerprinter) -> None:
         self.policy = policy
         self.fp = fingerprinter
         c = policy.conventions
-        self._op = c["operation"]
-        self._oikind = c["span_kind"]
-        self._tool_name = c["tool_name"]
-        self._call_id = c["call_id"]
-        self._arguments = c["arguments"] + ("traceloop.entity.input",)
-        self._result = c["result"] + ("traceloop.entity.output",)
-        self._error_type = c["error_type"]
-        self._prompt_version = c["prompt_version"]
         self._resource_prompt_version = c["resource_prompt_version"]
-        self._tool_version = c["tool_version"]
         self._resource_tool_version = c["resource_tool_version"]
-        self._agent_name = c["agent_name"]
         self._conversation = c["conversation"]
-        self._input_tokens = c["input_tokens"]
-        self._output_tokens = c["output_tokens"]
-        self._handoff_from = c["handoff_from"]
-        self._handoff_to = c["handoff_to"]
-        self._plan_steps = c["plan_steps"]
-        self._output_messages = c["output_messages"]
-        self._finish_reason = c["finish_reason"]
-        self._metadata = c["metadata"]
-        self._summary_ops = frozenset(c["summary_operations"])
-        self._summary_markers = c["summary_name_markers"]
         self._sequence = policy.sequence_attributes
         self._task_attr = policy.task_type_attribute
         run_key = policy.run_key
@@ -239,51 +284,42 @@ class Normalizer:
             self._run_keys = self._conversation
         else:
             self._run_keys = (run_key,)
-        # One pass over a span's attributes finds every convention field (first key wins):
-        # attribute key -> [(field, rank)].
-        fields: dict[str, tuple[str, ...]] = {
-            name: c[name]
-            for name in (
-                "operation",
-                "span_kind",
-                "tool_name",
-                "call_id",
-                "error_type",
-                "prompt_version",
-                "tool_version",
-                "agent_name",
-                "conversation",
-                "input_tokens",
-                "output_tokens",
-                "handoff_from",
-                "handoff_to",
-                "plan_steps",
-                "output_messages",
-                "finish_reason",
-                "metadata",
-            )
-        }
-        fields["arguments"] = self._arguments
-        fields["result"] = self._result
-        # OpenLLMetry copies LangChain metadata to traceloop.association.properties.<key>.
-        fields["sequence"] = self._sequence + tuple(
-            "traceloop.association.properties." + key for key in self._sequence
+        self._profiles = policy.profiles
+        self._known_codes = (
+            policy.transient_error_codes | policy.missing_data_codes | policy.ambiguous_error_codes
         )
+        self._status_codes = sorted(policy.transient_error_codes | policy.missing_data_codes)
+        # Fields every profile reads the same way (policy settings, not conventions).
+        common: dict[str, tuple[str, ...]] = {
+            # OpenLLMetry copies LangChain metadata to traceloop.association.properties.<key>.
+            "sequence": self._sequence
+            + tuple("traceloop.association.properties." + key for key in self._sequence)
+        }
         if self._task_attr is not None:
-            fields["task_type"] = (self._task_attr,)
+            common["task_type"] = (self._task_attr,)
         if self._run_keys is not None:
-            fields["run_key"] = self._run_keys
-        self._keymap: dict[str, list[tuple[str, int]]] = {}
-        for name, keys in fields.items():
-            for rank, key in enumerate(keys):
-                self._keymap.setdefault(key, []).append((name, rank))
+            common["run_key"] = self._run_keys
+        # One pass over a span's attributes finds every field (first key wins), per
+        # profile: attribute key -> [(field, rank)].
+        self._keymaps: dict[str, dict[str, list[tuple[str, int]]]] = {}
+        for profile in self._profiles:
+            keymap: dict[str, list[tuple[str, int]]] = {}
+            for name, keys in (*profile.keys.items(), *common.items()):
+                for rank, key in enumerate(keys):
+                    keymap.setdefault(key, []).append((name, rank))
+            self._keymaps[profile.name] = keymap
         self._resources: dict[int, tuple[Any, ...]] = {}
-        self._plans: dict[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]] = {}
+        self._plans: dict[tuple[str, tuple[str, ...]], tuple[Profile, _Plan]] = {}
 
     # ------------------------------------------------------------------ public
 
     def run_id(self, span: SpanRecord) -> str:
-        return self._run_id(span, self._view(span.attributes), self._resource(span.resource))
+        _, v = self._read(span)
+        return self._run_id(span, v, self._resource(span.resource))
+
+    def profile_of(self, span: SpanRecord) -> Profile:
+        """The recognition profile that reads this span."""
+        return self._read(span)[0]
 
     def _run_id(self, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...]) -> str:
         if self._run_keys is not None:
@@ -294,12 +330,15 @@ class Normalizer:
                 return _ident(value)
         return span.trace_id
 
-    def _view(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """Convention field -> value of its first attribute key present and not empty."""
-        keys = tuple(attrs)
-        plan = self._plans.get(keys)
-        if plan is None:
-            plan = self._plan(keys)
+    def _read(self, span: SpanRecord) -> tuple[Profile, dict[str, Any]]:
+        """The span's profile, and field -> value of its first attribute key present and
+        not empty (attribute sources only; derived sources are read where needed)."""
+        attrs = span.attributes
+        cache_key = (span.scope_name, tuple(attrs))
+        found = self._plans.get(cache_key)
+        if found is None:
+            found = self._plan(*cache_key)
+        profile, plan = found
         view: dict[str, Any] = {}
         for name, candidates in plan:
             for key in candidates:
@@ -307,20 +346,23 @@ class Normalizer:
                 if value is not None and value != "":
                     view[name] = value
                     break
-        return view
+        return profile, view
 
-    def _plan(self, keys: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        # Spans of one instrumentation share their attribute keys: which convention fields
-        # they can fill, and from which keys in rank order, is worked out once per key set.
+    def _plan(self, scope: str, keys: tuple[str, ...]) -> tuple[Profile, _Plan]:
+        # Spans of one instrumentation share their scope and attribute keys: which profile
+        # reads them, which fields they can fill and from which keys in rank order is
+        # worked out once per (scope, key set).
+        profile = next(p for p in self._profiles if p.applies(scope, keys))
+        keymap = self._keymaps[profile.name]
         ranked: dict[str, list[tuple[int, str]]] = {}
         for key in keys:
-            for name, rank in self._keymap.get(key, ()):
+            for name, rank in keymap.get(key, ()):
                 ranked.setdefault(name, []).append((rank, key))
         plan = tuple((name, tuple(key for _, key in sorted(hits))) for name, hits in ranked.items())
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        self._plans[keys] = plan
-        return plan
+        self._plans[(scope, keys)] = (profile, plan)
+        return profile, plan
 
     def _resource(self, resource: dict[str, Any]) -> tuple[Any, ...]:
         """(resource, service, prompt_version, tool_version, task_type, run key), cached:
@@ -343,11 +385,20 @@ class Normalizer:
 
     def step(self, span: SpanRecord) -> Step:
         """The span as a Step; raises one of STEP_ERRORS for a span that cannot be one."""
+        return self._step(span)[0]
+
+    def explain(self, span: SpanRecord) -> tuple[Step, Profile, str | None]:
+        """The step, the profile that read the span and the label of the kind rule that
+        matched (None: no rule, the span is `other`). For `loopwatch inspect`."""
+        return self._step(span)
+
+    def _step(self, span: SpanRecord) -> tuple[Step, Profile, str | None]:
         if span.end_ns > time.time_ns() + MAX_FUTURE_NS:
             raise ValueError("span ends more than a day in the future")
-        v = self._view(span.attributes)
+        profile, v = self._read(span)
         res = self._resource(span.resource)
-        kind = self._classify(span, v)
+        facts = _Facts(self, span, v, profile)
+        kind, rule = self._classify(profile, facts)
         step = Step(
             self._run_id(span, v, res),
             span.trace_id,
@@ -364,7 +415,7 @@ class Normalizer:
         step.service_name = res[1]
         prompt_version = v.get("prompt_version")
         step.prompt_version = _ident(prompt_version) if prompt_version is not None else res[2]
-        step.agent_name = _str_or_none(v.get("agent_name"))
+        step.agent_name = _str_or_none(self._field(profile, "agent_name", facts))
         step.session_id = _str_or_none(v.get("conversation"))
         task_type = v.get("task_type")
         step.task_type = _ident(task_type) if task_type is not None else res[4]
@@ -374,55 +425,42 @@ class Normalizer:
             step.output_tokens = _as_count(v["output_tokens"])
 
         if kind == TOOL:
-            self._fill_tool(step, span, v, res)
+            self._fill_tool(step, span, v, res, facts)
         elif kind == HANDOFF:
-            self._fill_handoff(step, span, v)
+            self._fill_handoff(step, span, v, facts)
         elif kind == PLAN:
             step.plan_fp = self._plan_fp(_plan_calls(_as_json(v.get("plan_steps"))))
         elif kind == LLM:
-            calls = self._requested_calls(span.attributes, v)
+            calls = self._requested_calls(span.attributes, v, profile, facts)
             if len(calls) >= 2:  # a single requested call is an action, not a plan
                 step.plan_fp = self._plan_fp(calls)
         if step.is_root or kind == AGENT:
-            self._fill_termination(step, span, v)
-        return step
+            self._fill_termination(step, span, v, profile, facts)
+        return step, profile, rule
 
     # ------------------------------------------------------------------ classification
 
-    def _classify(self, span: SpanRecord, v: dict[str, Any]) -> str:
-        op = v.get("operation")
-        oik = v.get("span_kind")
-        name = span.name
-        if op == "handoff" or "handoff_to" in v:
-            return HANDOFF
-        if op == "execute_tool" or oik == "TOOL" or oik == "RETRIEVER" or name.endswith(".tool"):
-            tool = self._tool_name_of(span, v)
-            if name.startswith("handoff to ") or tool.startswith("transfer_to_"):
-                return HANDOFF
-            return TOOL
-        if op == "plan":
-            return PLAN
-        if op in self._summary_ops:
-            return SUMMARY
-        if op in _LLM_OPERATIONS or oik == "LLM":
-            return LLM
-        if op in _AGENT_OPERATIONS or oik == "AGENT":
-            return AGENT
-        lowered = name.lower()
-        if any(marker in lowered for marker in self._summary_markers):
-            return SUMMARY
-        return OTHER
+    @staticmethod
+    def _classify(profile: Profile, facts: _Facts) -> tuple[str, str | None]:
+        for rule in profile.kinds:
+            if rule.match(facts):
+                return rule.kind, rule.label
+        return OTHER, None
 
-    def _tool_name_of(self, span: SpanRecord, v: dict[str, Any]) -> str:
-        name = v.get("tool_name")
-        if name is not None:
-            return _ident(name)
-        span_name = span.name
-        if span_name.startswith("execute_tool "):
-            return _ident(span_name[len("execute_tool ") :])
-        if span_name.endswith(".tool"):
-            return _ident(span_name[: -len(".tool")])
-        return _ident(span_name)
+    def _field(self, profile: Profile, name: str, facts: _Facts, args: Any = None) -> Any:
+        """A field from its attribute keys, else from its derived sources (in order)."""
+        value = facts.view.get(name)
+        if value is not None:
+            return value
+        for source in profile.derived.get(name, ()):
+            value = _derive(source, facts, args)
+            if value is not None and value != "":
+                return value
+        return None
+
+    def _tool_name_of(self, facts: _Facts) -> str:
+        name = self._field(facts.profile, "tool_name", facts)
+        return _ident(name if name is not None else facts.name)
 
     def _sequence_of(self, v: dict[str, Any]) -> int | None:
         if "sequence" in v:
@@ -443,9 +481,9 @@ class Normalizer:
     # ------------------------------------------------------------------ tools
 
     def _fill_tool(
-        self, step: Step, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...]
+        self, step: Step, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...], facts: _Facts
     ) -> None:
-        tool = self._tool_name_of(span, v)
+        tool = facts.tool_name()
         contract = self.policy.tools.get(tool)
         step.name = tool
         step.call_id = _str_or_none(v.get("call_id"))
@@ -544,6 +582,33 @@ class Normalizer:
                     step.idempotency_fp = self.fp.of_value("idempotency", key)
 
     def _error_code(self, span: SpanRecord, v: dict[str, Any], result: Any) -> str | None:
+        code = self._stated_code(span, v, result)
+        if code is None or code in self._known_codes:
+            return code
+        # A framework's native failure (a raised exception, a JS throw, a retry request)
+        # names its exception type, not the cause: look for a transient cause in the
+        # messages. Matched, never copied.
+        for text in self._error_messages(span, v):
+            for pattern, transient in self.policy.transient_message_patterns:
+                if pattern.search(text):
+                    return transient
+        return code
+
+    @staticmethod
+    def _error_messages(span: SpanRecord, v: dict[str, Any]) -> list[str]:
+        texts = [
+            e.attributes["exception.message"]
+            for e in span.events
+            if e.name == "exception" and isinstance(e.attributes.get("exception.message"), str)
+        ]
+        if span.status_message:
+            texts.append(span.status_message)
+        message = v.get("error_message")
+        if isinstance(message, str):
+            texts.append(message)
+        return texts
+
+    def _stated_code(self, span: SpanRecord, v: dict[str, Any], result: Any) -> str | None:
         code = _short_code(v.get("error_type"))
         if code is not None:
             return code
@@ -560,7 +625,7 @@ class Normalizer:
                         return exc
             # Status messages may hold customer text: only match known codes, never copy.
             message = span.status_message.lower()
-            for known in sorted(self.policy.transient_error_codes | self.policy.missing_data_codes):
+            for known in self._status_codes:
                 if known in message:
                     return known
             return "error"
@@ -568,50 +633,42 @@ class Normalizer:
 
     # ------------------------------------------------------------------ handoffs, plans
 
-    def _fill_handoff(self, step: Step, span: SpanRecord, v: dict[str, Any]) -> None:
-        to_agent = v.get("handoff_to")
-        from_agent = v.get("handoff_from")
-        if to_agent is None:
-            name = span.name
-            tool = self._tool_name_of(span, v)
-            if name.startswith("handoff to "):
-                to_agent = name[len("handoff to ") :]
-            elif tool.startswith("transfer_to_"):
-                to_agent = tool[len("transfer_to_") :]
-        if from_agent is None and span.name.startswith("handoff to "):
-            # OpenInference (OpenAI Agents SDK): input.value = source agent, output.value = target
-            value = span.attributes.get("input.value")
-            if isinstance(value, str) and value and value[:1] not in "{[":
-                from_agent = value
+    def _fill_handoff(self, step: Step, span: SpanRecord, v: dict[str, Any], facts: _Facts) -> None:
+        profile = facts.profile
+        raw_args = v.get("arguments")
+        args = _unwrap_arguments(_as_json(raw_args)) if raw_args is not None else None
+        to_agent = self._field(profile, "handoff_to", facts, args)
+        from_agent = self._field(profile, "handoff_from", facts, args)
         step.to_agent = _str_or_none(to_agent)
         step.from_agent = _str_or_none(from_agent) or step.agent_name
         step.name = f"{step.from_agent or '?'}->{step.to_agent or '?'}"
         step.call_id = _str_or_none(v.get("call_id"))
 
-    def _requested_calls(self, attrs: dict[str, Any], v: dict[str, Any]) -> list[tuple[str, Any]]:
+    def _requested_calls(
+        self, attrs: dict[str, Any], v: dict[str, Any], profile: Profile, facts: _Facts
+    ) -> list[tuple[str, Any]]:
+        """The tool calls one model turn requested, in order."""
         raw = v.get("output_messages")
-        calls: list[tuple[str, Any]] = []
         if raw is not None:
-            messages = _as_json(raw)
-            if isinstance(messages, list):
-                for message in messages:
-                    parts = message.get("parts") if isinstance(message, dict) else None
-                    for part in parts if isinstance(parts, list) else ():
-                        if isinstance(part, dict) and part.get("type") == "tool_call":
-                            calls.append((str(part.get("name")), _as_json(part.get("arguments"))))
-            return calls
-        # OpenInference flattens: llm.output_messages.0.message.tool_calls.N.tool_call.function.*
-        prefix = "llm.output_messages.0.message.tool_calls."
-        index = 0
-        while True:
-            name = attrs.get(f"{prefix}{index}.tool_call.function.name")
-            if name is None:
-                break
-            calls.append(
-                (str(name), _as_json(attrs.get(f"{prefix}{index}.tool_call.function.arguments")))
-            )
-            index += 1
-        return calls
+            return _genai_message_calls(_as_json(raw))
+        for source in profile.derived.get("requested_calls", ()):
+            if source.when is not None and not source.when(facts):
+                continue
+            key = source.attribute or ""
+            if source.format == "openinference_flat":
+                calls = _flat_calls(attrs, key)
+            elif key in attrs:
+                value = _as_json(attrs[key])
+                calls = (
+                    _genai_message_calls(value)
+                    if source.format == "genai_messages"
+                    else _call_list(value)
+                )
+            else:
+                continue
+            if calls:
+                return calls
+        return []
 
     def _plan_fp(self, calls: list[tuple[str, Any]]) -> str | None:
         if not calls:
@@ -624,13 +681,15 @@ class Normalizer:
 
     # ------------------------------------------------------------------ termination
 
-    def _fill_termination(self, step: Step, span: SpanRecord, v: dict[str, Any]) -> None:
+    def _fill_termination(
+        self, step: Step, span: SpanRecord, v: dict[str, Any], profile: Profile, facts: _Facts
+    ) -> None:
         if step.kind == OTHER and not step.is_root:
             return
         if step.kind == OTHER:
             step.kind = AGENT  # the root of a run: carries termination, not an action
         step.name = step.agent_name or _ident(span.name)
-        policy = self.policy
+        table = profile.termination
         reason: str | None = None
         for event in span.events:
             if event.name == "loop_guard":
@@ -646,22 +705,22 @@ class Normalizer:
                 if exc_type is None:
                     continue
                 short = str(exc_type).rsplit(".", 1)[-1]
-                reason = policy.exception_types.get(str(exc_type)) or policy.exception_types.get(
+                reason = table.exception_types.get(str(exc_type)) or table.exception_types.get(
                     short
                 )
                 if reason is not None:
                     break
         if reason is None and span.status_message:
-            for pattern, mapped in policy.message_patterns:
+            for pattern, mapped in table.message_patterns:
                 if pattern.search(span.status_message):
                     reason = mapped
                     break
         if reason is None:
-            finish = v.get("finish_reason")
+            finish = self._field(profile, "finish_reason", facts)
             if isinstance(finish, list) and finish:
                 finish = finish[-1]
             if finish is not None:
-                reason = policy.finish_reasons.get(str(finish).lower())
+                reason = table.finish_reasons.get(str(finish).lower())
         if reason is None and step.is_root:
             # langgraph.prebuilt.create_react_agent stops itself when remaining_steps runs out:
             # no exception, root OK, the last AI message is a fixed text. Matched, never copied.
@@ -692,6 +751,54 @@ class Normalizer:
             )
         )
         return f"{zlib.crc32(text.encode('utf-8', 'replace')):08x}"
+
+
+def _genai_message_calls(messages: Any) -> list[tuple[str, Any]]:
+    """GenAI `gen_ai.output.messages`: [{"parts": [{"type": "tool_call", "name", "arguments"}]}]."""
+    calls: list[tuple[str, Any]] = []
+    if isinstance(messages, list):
+        for message in messages:
+            parts = message.get("parts") if isinstance(message, dict) else None
+            for part in parts if isinstance(parts, list) else ():
+                if isinstance(part, dict) and part.get("type") == "tool_call":
+                    calls.append((str(part.get("name")), _as_json(part.get("arguments"))))
+    return calls
+
+
+def _flat_calls(attrs: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """OpenInference flattens: <prefix>N.tool_call.function.{name,arguments}."""
+    calls: list[tuple[str, Any]] = []
+    index = 0
+    while True:
+        name = attrs.get(f"{prefix}{index}.tool_call.function.name")
+        if name is None:
+            return calls
+        args = attrs.get(f"{prefix}{index}.tool_call.function.arguments")
+        calls.append((str(name), _as_json(args)))
+        index += 1
+
+
+_CALL_NAME_KEYS = ("toolName", "tool_name", "name", "function")
+_CALL_ARGS_KEYS = ("input", "args", "arguments", "parameters")
+
+
+def _call_list(value: Any) -> list[tuple[str, Any]]:
+    """A JSON list of calls: [{"toolName"|"name"|"function": ..., "input"|"args"|...}]
+    (an OpenAI-style {"function": {"name", "arguments"}} entry too)."""
+    calls: list[tuple[str, Any]] = []
+    if not isinstance(value, list):
+        return calls
+    for item in value:
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("function"), dict):
+            item = item["function"]
+        name = next((item[k] for k in _CALL_NAME_KEYS if isinstance(item.get(k), str)), None)
+        if name is None:
+            continue
+        args = next((item[k] for k in _CALL_ARGS_KEYS if k in item), None)
+        calls.append((name, _as_json(args)))
+    return calls
 
 
 def _plan_calls(raw: Any) -> list[tuple[str, Any]]:

@@ -1,0 +1,550 @@
+"""Span recognition as data: which spans are tool calls, model calls, agents, handoffs,
+plans or summaries, and where each step field is, per instrumentation *profile*.
+
+Profiles are YAML (the built-ins in detectors/profiles.yaml; a policy file adds or
+replaces them under `profiles:`), validated and compiled here into small matcher trees.
+Pure: streams/normalize.py applies a compiled profile to each decoded span.
+
+A profile:
+
+    when:    {scope: [...], scope_prefix: [...], has_attribute: [...]}   # which spans it reads
+    extends: generic            # inherit the parent's rules (after ours) and field keys (after ours)
+    kinds:                      # first matching rule wins; no match: "other"
+      - {kind: tool, match: {name: ai.toolCall}}
+    fields:                     # per step field: attribute keys (first present wins), then
+      tool_name: [ai.toolCall.name, {name_after: "execute_tool "}]   # derived sources
+    termination: {exception_types: {...}, message_patterns: {...}, finish_reasons: {...}}
+
+Profiles are tried in order; the first whose `when` holds reads the span (a profile with
+no `when` reads every span: the built-in `generic` one is last).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from detectors.errors import ConfigError
+from detectors.model import AGENT, HANDOFF, LLM, PLAN, SUMMARY, TOOL
+from detectors.reader import Reader
+
+KINDS = (TOOL, LLM, AGENT, HANDOFF, PLAN, SUMMARY)
+
+# Step fields read from span attributes (contracts.md §2).
+FIELDS = (
+    "operation",
+    "span_kind",
+    "tool_name",
+    "call_id",
+    "arguments",
+    "result",
+    "error_type",
+    "error_message",
+    "prompt_version",
+    "tool_version",
+    "agent_name",
+    "conversation",
+    "input_tokens",
+    "output_tokens",
+    "handoff_from",
+    "handoff_to",
+    "plan_steps",
+    "output_messages",
+    "requested_calls",
+    "finish_reason",
+    "metadata",
+)
+# How a structured attribute lists the tool calls one model turn requested.
+CALL_FORMATS = ("genai_messages", "call_list", "openinference_flat")
+
+MATCH_KEYS = {
+    "field",
+    "has",
+    "attribute",
+    "name",
+    "name_prefix",
+    "name_suffix",
+    "name_contains",
+    "tool_name",
+    "tool_name_prefix",
+    "root",
+    "any",
+    "all",
+    "not",
+}
+WHEN_KEYS = {"scope", "scope_prefix", "has_attribute"}
+SOURCE_KEYS = {
+    "attribute",
+    "path",
+    "plain",
+    "format",
+    "name_after",
+    "name_before",
+    "span_name",
+    "argument",
+    "tool_name_after",
+    "when",
+}
+PROFILE_KEYS = {"when", "extends", "kinds", "fields", "termination", "description"}
+TERMINATION_KEYS = ("exception_types", "message_patterns", "finish_reasons")
+
+
+class SpanFacts:
+    """What a matcher can look at: the span's name, root-ness, raw attributes, its
+    recognized field values (attribute sources only) and its tool name (computed on
+    demand by the normalizer, which subclasses this)."""
+
+    __slots__ = ("name", "root", "attrs", "view")
+
+    def __init__(
+        self, name: str, root: bool, attrs: Mapping[str, Any], view: Mapping[str, Any]
+    ) -> None:
+        self.name = name
+        self.root = root
+        self.attrs = attrs
+        self.view = view
+
+    def tool_name(self) -> str:
+        return self.name
+
+
+Matcher = Callable[[SpanFacts], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class KindRule:
+    kind: str
+    match: Matcher
+    label: str  # "<profile>#<index>" or the rule's id, for `loopwatch inspect`
+    fields_needed: frozenset[str]  # fields the rule's `field`/`has` tests read (for pruning)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A derived field source (not a plain attribute key)."""
+
+    attribute: str | None = None
+    path: tuple[str, ...] = ()
+    plain: bool = False  # only a value that is not JSON (an agent name, not an object)
+    format: str | None = None  # requested_calls: how the attribute lists calls
+    name_after: str | None = None
+    name_before: str | None = None
+    span_name: bool = False
+    argument: str | None = None
+    tool_name_after: str | None = None
+    when: Matcher | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Termination:
+    exception_types: dict[str, str] = field(default_factory=dict)
+    message_patterns: tuple[tuple[re.Pattern[str], str], ...] = ()
+    finish_reasons: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    scopes: frozenset[str] = frozenset()
+    scope_prefixes: tuple[str, ...] = ()
+    has_attributes: tuple[str, ...] = ()
+    kinds: tuple[KindRule, ...] = ()
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # field -> attribute keys
+    derived: dict[str, tuple[Source, ...]] = field(default_factory=dict)
+    termination: Termination = field(default_factory=Termination)
+
+    @property
+    def reads_everything(self) -> bool:
+        return not (self.scopes or self.scope_prefixes or self.has_attributes)
+
+    def applies(self, scope: str, keys: Any) -> bool:
+        """Whether this profile reads spans of this scope with these attribute keys."""
+        if self.reads_everything:
+            return True
+        if self.scopes and scope in self.scopes:
+            return True
+        if self.scope_prefixes and scope.startswith(self.scope_prefixes):
+            return True
+        return any(k in keys for k in self.has_attributes)
+
+
+# ---------------------------------------------------------------------------- compiling
+
+
+@dataclass(slots=True)
+class RawProfile:
+    """A profile as read, before `extends` is resolved and it is compiled."""
+
+    name: str
+    path: str  # key path for error messages
+    body: dict[str, Any]
+
+
+class _Compiler:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.r = Reader(source)
+
+    def fail(self, path: str, expected: str, got: Any = None) -> ConfigError:
+        return self.r.fail(path, expected, got, show_got=got is not None)
+
+    def mapping(self, value: Any, path: str, allowed: set[str] | None) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, "a mapping", value)
+        return self.r.mapping(value, path, allowed)
+
+    def strings(self, value: Any, path: str) -> tuple[str, ...]:
+        return self.r.string_or_strings(value, path)
+
+    # -------------------------------------------------------------- matchers
+
+    def matcher(self, raw: Any, path: str, needed: set[str]) -> Matcher:
+        m = self.mapping(raw, path, MATCH_KEYS)
+        if not m:
+            raise self.fail(path, "at least one condition")
+        tests: list[Matcher] = []
+        for key, value in m.items():
+            tests.append(self._condition(key, value, f"{path}.{key}", needed))
+        if len(tests) == 1:
+            return tests[0]
+        conditions = tuple(tests)
+        return lambda f: all(t(f) for t in conditions)
+
+    def _condition(self, key: str, value: Any, path: str, needed: set[str]) -> Matcher:
+        if key in ("any", "all"):
+            if not isinstance(value, list) or not value:
+                raise self.fail(path, "a non-empty list of conditions", value)
+            parts = tuple(self.matcher(v, f"{path}[{i}]", needed) for i, v in enumerate(value))
+            if key == "any":
+                return lambda f: any(p(f) for p in parts)
+            return lambda f: all(p(f) for p in parts)
+        if key == "not":
+            inner = self.matcher(value, path, needed)
+            return lambda f: not inner(f)
+        if key == "root":
+            if not isinstance(value, bool):
+                raise self.fail(path, "true or false", value)
+            return lambda f: f.root is value
+        if key == "has":
+            fields = self.strings(value, path)
+            for n in fields:
+                self._field_name(n, path)
+            needed.update(fields)
+            return lambda f: any(n in f.view for n in fields)
+        if key in ("field", "attribute"):
+            tests = self.mapping(value, path, None)
+            if not tests:
+                raise self.fail(path, "a mapping of name: value(s)")
+            pairs: list[tuple[str, frozenset[str]]] = []
+            for name, wanted in tests.items():
+                if key == "field":
+                    self._field_name(name, path)
+                    needed.add(name)
+                pairs.append((name, frozenset(self.strings(wanted, f"{path}.{name}"))))
+            frozen = tuple(pairs)
+            if key == "field":
+                return lambda f: all(_text(f.view.get(n)) in w for n, w in frozen)
+            return lambda f: all(_text(f.attrs.get(n)) in w for n, w in frozen)
+        texts = self.strings(value, path)
+        if key == "name":
+            names = frozenset(texts)
+            return lambda f: f.name in names
+        if key == "name_prefix":
+            return lambda f: f.name.startswith(texts)
+        if key == "name_suffix":
+            return lambda f: f.name.endswith(texts)
+        if key == "name_contains":
+            lowered = tuple(t.lower() for t in texts)
+            return lambda f: any(t in f.name.lower() for t in lowered)
+        if key == "tool_name":
+            tools = frozenset(texts)
+            return lambda f: f.tool_name() in tools
+        if key == "tool_name_prefix":
+            return lambda f: f.tool_name().startswith(texts)
+        raise AssertionError(key)  # MATCH_KEYS is exhaustive
+
+    def _field_name(self, name: str, path: str) -> None:
+        if name not in FIELDS:
+            raise ConfigError(
+                f"{self.source}: {path}: unknown field {name!r}; expected one of "
+                + ", ".join(FIELDS)
+            )
+
+    # -------------------------------------------------------------- sources
+
+    def field_source(self, raw: Any, path: str, field_name: str) -> str | Source:
+        if isinstance(raw, str):
+            if not raw:
+                raise self.fail(path, "an attribute key", raw)
+            return raw
+        m = self.mapping(raw, path, SOURCE_KEYS)
+        kinds = [
+            k
+            for k in (
+                "attribute",
+                "name_after",
+                "name_before",
+                "span_name",
+                "argument",
+                "tool_name_after",
+            )
+            if k in m
+        ]
+        if len(kinds) != 1:
+            raise self.fail(
+                path,
+                "exactly one of attribute, name_after, name_before, span_name, argument, "
+                "tool_name_after",
+                raw,
+            )
+        kw: dict[str, Any] = {}
+        for key in ("attribute", "name_after", "name_before", "argument", "tool_name_after"):
+            if key in m:
+                value = m[key]
+                if not isinstance(value, str) or not value:
+                    raise self.fail(f"{path}.{key}", "a non-empty string", value)
+                kw[key] = value
+        for key in ("span_name", "plain"):
+            if key in m:
+                if not isinstance(m[key], bool):
+                    raise self.fail(f"{path}.{key}", "true or false", m[key])
+                kw[key] = m[key]
+        if "path" in m:
+            if "attribute" not in m:
+                raise self.fail(f"{path}.path", "only together with attribute")
+            kw["path"] = self.strings(m["path"], f"{path}.path")
+        if "format" in m:
+            if field_name != "requested_calls":
+                raise self.fail(f"{path}.format", "only under requested_calls")
+            if m["format"] not in CALL_FORMATS:
+                raise self.fail(f"{path}.format", "one of " + ", ".join(CALL_FORMATS), m["format"])
+            kw["format"] = m["format"]
+        elif field_name == "requested_calls":
+            raise self.fail(path, "a format (" + ", ".join(CALL_FORMATS) + ")", raw)
+        if "when" in m:
+            kw["when"] = self.matcher(m["when"], f"{path}.when", set())
+        src = Source(**kw)
+        if field_name == "requested_calls" and src.attribute is None:
+            raise self.fail(
+                path, "an attribute (the key, or the key prefix for openinference_flat)"
+            )
+        if src.attribute is not None and not (src.path or src.plain or src.format or src.when):
+            return src.attribute  # a plain attribute key after all
+        return src
+
+    # -------------------------------------------------------------- profiles
+
+    def termination(
+        self, raw: Any, path: str, check: Callable[[str, str], str]
+    ) -> dict[str, dict[str, str]]:
+        t = self.mapping(raw, path, set(TERMINATION_KEYS))
+        out: dict[str, dict[str, str]] = {}
+        for key in TERMINATION_KEYS:
+            table = self.mapping(t.get(key, {}), f"{path}.{key}", None)
+            out[key] = {k: check(v, f"{path}.{key}.{k}") for k, v in table.items()}
+        return out
+
+    def compile(
+        self,
+        raws: dict[str, RawProfile],
+        order: list[str],
+        check_reason: Callable[[str, str], str],
+        base_termination: Termination,
+        overrides: Mapping[str, tuple[str, ...]],
+    ) -> tuple[Profile, ...]:
+        resolved: dict[str, dict[str, Any]] = {}
+
+        def resolve(name: str, chain: tuple[str, ...]) -> dict[str, Any]:
+            if name in resolved:
+                return resolved[name]
+            raw = raws[name]
+            if name in chain:
+                raise ConfigError(
+                    f"{self.source}: {raw.path}.extends: a cycle ({' -> '.join(chain + (name,))})"
+                )
+            body = self.mapping(raw.body, raw.path, PROFILE_KEYS)
+            out = self._profile_parts(raw, body, check_reason)
+            parent_name = body.get("extends")
+            if parent_name is not None:
+                if not isinstance(parent_name, str) or parent_name not in raws:
+                    raise self.fail(
+                        f"{raw.path}.extends",
+                        "the name of a profile (" + ", ".join(raws) + ")",
+                        parent_name,
+                    )
+                parent = resolve(parent_name, chain + (name,))
+                out["kinds"] = out["kinds"] + parent["kinds"]
+                for f in FIELDS:
+                    out["keys"][f] = _dedup(out["keys"].get(f, ()) + parent["keys"].get(f, ()))
+                    out["derived"][f] = out["derived"].get(f, ()) + parent["derived"].get(f, ())
+                for key in TERMINATION_KEYS:
+                    merged = dict(parent["termination"][key])
+                    merged.update(out["termination"][key])
+                    # the child's entries are tried first
+                    out["termination"][key] = {
+                        **out["termination"][key],
+                        **{k: v for k, v in merged.items() if k not in out["termination"][key]},
+                    }
+            resolved[name] = out
+            return out
+
+        profiles = []
+        for name in order:
+            parts = resolve(name, ())
+            keys = {f: k for f, k in parts["keys"].items() if k}
+            if name == "generic":
+                for f, k in overrides.items():
+                    keys[f] = k
+            term = parts["termination"]
+            profiles.append(
+                Profile(
+                    name=name,
+                    scopes=frozenset(parts["scopes"]),
+                    scope_prefixes=tuple(parts["scope_prefixes"]),
+                    has_attributes=tuple(parts["has_attributes"]),
+                    kinds=tuple(parts["kinds"]),
+                    keys=keys,
+                    derived={f: d for f, d in parts["derived"].items() if d},
+                    termination=Termination(
+                        exception_types={
+                            **term["exception_types"],
+                            **{
+                                k: v
+                                for k, v in base_termination.exception_types.items()
+                                if k not in term["exception_types"]
+                            },
+                        },
+                        message_patterns=tuple(
+                            (self._regex(p, f"profiles.{name}.termination.message_patterns"), r)
+                            for p, r in term["message_patterns"].items()
+                        )
+                        + base_termination.message_patterns,
+                        finish_reasons={
+                            **{k.lower(): v for k, v in term["finish_reasons"].items()},
+                            **{
+                                k: v
+                                for k, v in base_termination.finish_reasons.items()
+                                if k not in term["finish_reasons"]
+                            },
+                        },
+                    ),
+                )
+            )
+        return tuple(profiles)
+
+    def _regex(self, pattern: str, path: str) -> re.Pattern[str]:
+        try:
+            return re.compile(pattern)
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise ConfigError(f"{self.source}: {path}: invalid regex {pattern!r}: {exc}") from None
+
+    def _profile_parts(
+        self, raw: RawProfile, body: dict[str, Any], check_reason: Callable[[str, str], str]
+    ) -> dict[str, Any]:
+        path = raw.path
+        parts: dict[str, Any] = {
+            "scopes": (),
+            "scope_prefixes": (),
+            "has_attributes": (),
+            "kinds": [],
+            "keys": {},
+            "derived": {},
+            "termination": {k: {} for k in TERMINATION_KEYS},
+        }
+        if "when" in body:
+            when = self.mapping(body["when"], f"{path}.when", WHEN_KEYS)
+            if not when:
+                raise self.fail(f"{path}.when", "at least one of " + ", ".join(sorted(WHEN_KEYS)))
+            parts["scopes"] = self.strings(when.get("scope", []), f"{path}.when.scope")
+            parts["scope_prefixes"] = self.strings(
+                when.get("scope_prefix", []), f"{path}.when.scope_prefix"
+            )
+            parts["has_attributes"] = self.strings(
+                when.get("has_attribute", []), f"{path}.when.has_attribute"
+            )
+        kinds = body.get("kinds", [])
+        if not isinstance(kinds, list):
+            raise self.fail(f"{path}.kinds", "a list of {kind, match} rules", kinds)
+        for i, rule in enumerate(kinds):
+            rp = f"{path}.kinds[{i}]"
+            r = self.mapping(rule, rp, {"kind", "match", "id"})
+            kind = r.get("kind")
+            if kind not in KINDS:
+                raise self.fail(f"{rp}.kind", "one of " + ", ".join(KINDS), kind)
+            if "match" not in r:
+                raise self.fail(f"{rp}.match", "the conditions of the rule")
+            needed: set[str] = set()
+            matcher = self.matcher(r["match"], f"{rp}.match", needed)
+            label = r.get("id", f"{raw.name}#{i}")
+            if not isinstance(label, str):
+                raise self.fail(f"{rp}.id", "a string", label)
+            parts["kinds"].append(KindRule(kind, matcher, label, frozenset(needed)))
+        fields = self.mapping(body.get("fields", {}), f"{path}.fields", set(FIELDS))
+        for name, sources in fields.items():
+            fp = f"{path}.fields.{name}"
+            if isinstance(sources, str | dict):
+                sources = [sources]
+            if not isinstance(sources, list):
+                raise self.fail(fp, "a list of attribute keys or sources", sources)
+            keys: list[str] = []
+            derived: list[Source] = []
+            for i, s in enumerate(sources):
+                compiled = self.field_source(s, f"{fp}[{i}]", name)
+                if isinstance(compiled, str):
+                    keys.append(compiled)
+                else:
+                    derived.append(compiled)
+            parts["keys"][name] = tuple(keys)
+            parts["derived"][name] = tuple(derived)
+        if "termination" in body:
+            parts["termination"] = self.termination(
+                body["termination"], f"{path}.termination", check_reason
+            )
+        return parts
+
+
+def compile_profiles(
+    builtin: Mapping[str, Any],
+    user: Mapping[str, Any] | None,
+    *,
+    builtin_source: str,
+    source: str,
+    check_reason: Callable[[str, str], str],
+    base_termination: Termination,
+    overrides: Mapping[str, tuple[str, ...]] | None = None,
+) -> tuple[Profile, ...]:
+    """The ordered profiles: user-defined ones (file order) first, then the built-ins
+    (a user profile with a built-in's name replaces it in place); the profiles that read
+    every span go last (in that order), so a specific profile always gets its spans."""
+    raws: dict[str, RawProfile] = {}
+    builtin_c = _Compiler(builtin_source)
+    bodies = builtin_c.mapping(builtin, "profiles", None)
+    for name, body in bodies.items():
+        raws[name] = RawProfile(name, f"profiles.{name}", body)
+    order = list(bodies)
+    compiler = builtin_c
+    if user:
+        compiler = _Compiler(source)
+        user_map = compiler.mapping(user, "profiles", None)
+        new = []
+        for name, body in user_map.items():
+            raws[name] = RawProfile(name, f"profiles.{name}", body)
+            if name not in order:
+                new.append(name)
+        order = new + order
+    profiles = compiler.compile(raws, order, check_reason, base_termination, dict(overrides or {}))
+    return tuple(p for p in profiles if not p.reads_everything) + tuple(
+        p for p in profiles if p.reads_everything
+    )
+
+
+def _dedup(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(keys))
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
