@@ -98,7 +98,9 @@ _PLAIN = (  # small ints and short strings: JSON is already compact for them
     "fired",
     "shapes",
     "trigger_ns",
+    "last_turn_wants_tools",  # (added later: states written before lack it)
 )
+_PLAIN_BEFORE = len(_PLAIN) - 1  # width of _PLAIN in states written before the last field
 _TIMES = ("max_end_ns", "start_ns", "last_end_ns", "root_end_ns", "guard_ns")
 _FLAGS = (
     "unresolved_overflow",
@@ -199,7 +201,12 @@ def _decode_packed(data: bytes) -> RunState:
     fields: dict[str, Any] = {"run_id": r.column(1)[0]}
     trace_id = r.item()
     fields["trace_id"] = fields["run_id"] if trace_id is None else trace_id
-    fields.update(zip(_PLAIN, r.sized_item(len(_PLAIN)), strict=True))
+    plain = r.item()
+    if isinstance(plain, list) and len(plain) == _PLAIN_BEFORE:
+        plain = [*plain, None]
+    if not isinstance(plain, list) or len(plain) != len(_PLAIN):
+        raise DecodeError(f"run state: expected a list of {len(_PLAIN)} values")
+    fields.update(zip(_PLAIN, plain, strict=True))
     fields.update(zip(_TIMES, r.column(len(_TIMES)), strict=True))
     fields.update(zip(_FLAGS, r.column(len(_FLAGS)), strict=True))
     for name in _BLOOMS:

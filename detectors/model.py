@@ -75,6 +75,9 @@ class Step:
     status_error: bool = False
     termination: str | None = None  # a termination_reason from the mapping table
     guard_ns: int | None = None  # time of a loop_guard span event, if any
+    # A model turn that asked for tool calls (its finish reason or requested calls): a run
+    # whose last turn did, with nothing said about why it stopped, was cut off by a limit.
+    wants_tools: bool = False
 
     def to_list(self) -> list[Any]:
         """Compact positional form for the wire (internal topic) and for state."""

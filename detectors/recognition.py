@@ -8,7 +8,8 @@ Pure: streams/normalize.py applies a compiled profile to each decoded span.
 A profile:
 
     when:    {scope: [...], scope_prefix: [...], has_attribute: [...]}   # which spans it reads
-    extends: generic            # inherit the parent's rules (after ours) and field keys (after ours)
+    extends: generic            # inherit the parent's rules (after ours), fields we don't list,
+                                # and termination entries (after ours)
     kinds:                      # first matching rule wins; no match: "other"
       - {kind: tool, match: {name: ai.toolCall}}
     fields:                     # per step field: attribute keys (first present wins), then
@@ -77,6 +78,7 @@ MATCH_KEYS = {
 WHEN_KEYS = {"scope", "scope_prefix", "has_attribute"}
 SOURCE_KEYS = {
     "attribute",
+    "event",
     "path",
     "plain",
     "format",
@@ -126,6 +128,7 @@ class Source:
     """A derived field source (not a plain attribute key)."""
 
     attribute: str | None = None
+    event: str | None = None  # read `attribute` from the span's first event of this name
     path: tuple[str, ...] = ()
     plain: bool = False  # only a value that is not JSON (an agent name, not an object)
     format: str | None = None  # requested_calls: how the attribute lists calls
@@ -300,7 +303,16 @@ class _Compiler:
                 raw,
             )
         kw: dict[str, Any] = {}
-        for key in ("attribute", "name_after", "name_before", "argument", "tool_name_after"):
+        if "event" in m and "attribute" not in m:
+            raise self.fail(f"{path}.event", "together with attribute (the event attribute)")
+        for key in (
+            "attribute",
+            "event",
+            "name_after",
+            "name_before",
+            "argument",
+            "tool_name_after",
+        ):
             if key in m:
                 value = m[key]
                 if not isinstance(value, str) or not value:
@@ -330,7 +342,9 @@ class _Compiler:
             raise self.fail(
                 path, "an attribute (the key, or the key prefix for openinference_flat)"
             )
-        if src.attribute is not None and not (src.path or src.plain or src.format or src.when):
+        if src.attribute is not None and not (
+            src.event or src.path or src.plain or src.format or src.when
+        ):
             return src.attribute  # a plain attribute key after all
         return src
 
@@ -376,16 +390,15 @@ class _Compiler:
                     )
                 parent = resolve(parent_name, chain + (name,))
                 out["kinds"] = out["kinds"] + parent["kinds"]
-                for f in FIELDS:
-                    out["keys"][f] = _dedup(out["keys"].get(f, ()) + parent["keys"].get(f, ()))
-                    out["derived"][f] = out["derived"].get(f, ()) + parent["derived"].get(f, ())
-                for key in TERMINATION_KEYS:
-                    merged = dict(parent["termination"][key])
-                    merged.update(out["termination"][key])
-                    # the child's entries are tried first
+                for f in FIELDS:  # a field the child lists replaces the parent's sources
+                    if f not in out["keys"]:
+                        out["keys"][f] = parent["keys"].get(f, ())
+                        out["derived"][f] = parent["derived"].get(f, ())
+                for key in TERMINATION_KEYS:  # the child's entries first, then the parent's
+                    own = out["termination"][key]
                     out["termination"][key] = {
-                        **out["termination"][key],
-                        **{k: v for k, v in merged.items() if k not in out["termination"][key]},
+                        **own,
+                        **{k: v for k, v in parent["termination"][key].items() if k not in own},
                     }
             resolved[name] = out
             return out
@@ -538,10 +551,6 @@ def compile_profiles(
     return tuple(p for p in profiles if not p.reads_everything) + tuple(
         p for p in profiles if p.reads_everything
     )
-
-
-def _dedup(keys: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(keys))
 
 
 def _text(value: Any) -> str | None:

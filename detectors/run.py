@@ -94,6 +94,7 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
     if step.end_ns > state.max_end_ns:
         state.max_end_ns = step.end_ns
 
+    _note_labels(state, step)
     if step.kind == AGENT or step.is_root:
         _note_container(state, step)
         return []
@@ -130,7 +131,7 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         outcome = "incomplete_trace"
     else:
         outcome = "complete"
-    termination = state.termination or "unknown"
+    termination, evidence = _termination(state)
     guard_fired = state.guard_ns is not None
     tool_after_guard = guard_fired and state.tool_after_guard
     stalled = "identical_repetition" in state.shapes
@@ -145,6 +146,7 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         "trace_id": state.trace_id,
         "outcome": outcome,
         "termination_reason": termination,
+        "termination_evidence": evidence,
         "steps": state.position,
         "tool_calls": state.tool_calls,
         "distinct_actions": state.distinct_actions,
@@ -176,6 +178,21 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
 # ---------------------------------------------------------------------------- internals
 
 
+def _termination(state: RunState) -> tuple[str, str]:
+    """(termination_reason, evidence): "stated" by a span (exception, message, finish
+    reason, guard event), "inferred" from the run (its last model turn asked for tool
+    calls and no turn followed: a step limit cut it off; several frameworks end a run at
+    their limit normally, saying nothing), "default" (a root ended: final_answer, or
+    tool_error when it failed) or "none" (no root: unknown)."""
+    if state.termination is not None:
+        return state.termination, "stated"
+    if not state.root_seen:
+        return "unknown", "none"
+    if state.last_turn_wants_tools and not state.root_error:
+        return "turn_limit", "inferred"
+    return ("tool_error" if state.root_error else "final_answer"), "default"
+
+
 def _track_tree(state: RunState, step: Step) -> None:
     state.seen_bloom = bloom_add(state.seen_bloom, step.span_id, BLOOM_BITS)
     if step.span_id in state.unresolved:
@@ -192,6 +209,13 @@ def _track_tree(state: RunState, step: Step) -> None:
             state.unresolved.append(parent)
         else:
             state.unresolved_overflow = True
+
+
+def _note_labels(state: RunState, step: Step) -> None:
+    """Run-level labels from any span of the run, whichever arrives first (instrumentations
+    put them on the root or agent span, which ends last, or on every span)."""
+    if state.prompt_version is None and step.prompt_version is not None:
+        state.prompt_version = step.prompt_version
 
 
 def _note_container(state: RunState, step: Step) -> None:
@@ -332,6 +356,9 @@ def _process(ctx: Context, step: Step) -> None:
         state.prompt_version = step.prompt_version
     if step.agent_name is not None and step.kind != HANDOFF:
         state.agent_name = step.agent_name
+        # the agent in control, in runtime order: the source of a handoff whose span
+        # does not name one (its agent is an ancestor span's)
+        state.current_agent = step.agent_name
     if state.service_name is None:
         state.service_name = step.service_name
     if state.session_id is None:
@@ -374,5 +401,7 @@ def _process(ctx: Context, step: Step) -> None:
             del state.window[: len(state.window) - ctx.limits.window]
     elif step.kind == HANDOFF:
         state.action_steps += 1
+    elif step.kind == LLM:
+        state.last_turn_wants_tools = step.wants_tools
     for detector in _BY_KIND.get(step.kind, DETECTORS):
         detector(ctx, step)

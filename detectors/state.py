@@ -61,6 +61,7 @@ class RunState:
     progress_observed: bool = False
     side_effect_committed: bool = False
     parallel_duplicate_calls: int = 0
+    last_turn_wants_tools: bool | None = None  # the latest released model turn's; None: none
     # -- container spans (root / agents): arrive last, only used at finalization
     root_seen: bool = False
     root_end_ns: int | None = None

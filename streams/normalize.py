@@ -20,6 +20,11 @@ from detectors.recognition import Profile, Source, SpanFacts
 from streams.spans import STATUS_ERROR, SpanRecord
 
 MAX_ITEMS = 64
+# Finish reasons of a model turn that asked for tool calls (OpenAI, Vercel, pydantic-ai,
+# Anthropic/Bedrock spellings).
+TOOL_CALL_FINISH_REASONS = frozenset(
+    {"tool_calls", "tool-calls", "tool_call", "tool_use", "function_call"}
+)
 # A span ending more than a day after the wall clock is a broken clock or forged input:
 # it would drag replay's watermark (and every run's lateness and finalization) with it.
 MAX_FUTURE_NS = 24 * 3600 * 10**9
@@ -134,6 +139,14 @@ def _unwrap_arguments(args: Any) -> Any:
             return _as_json(args["inputs"])
         if "input_str" in args:
             return _as_json(args["input_str"])
+    # OpenInference (LlamaIndex): {"kwargs": {...}} (and "args": [] when there are none).
+    if (
+        isinstance(args, dict)
+        and isinstance(args.get("kwargs"), dict)
+        and set(args) <= {"args", "kwargs"}
+        and not args.get("args")
+    ):
+        return args["kwargs"]
     return args
 
 
@@ -145,11 +158,16 @@ def _unwrap_result(result: Any) -> tuple[Any, Any, str | None]:
     OpenInference: {"type": "tool", "data": {"content": "...", "tool_call_id": ...}}
     OpenLLMetry:   {"output": {"lc": 1, "id": [..., "ToolMessage"], "kwargs": {"content": ...}},
                     "kwargs": {...}}
+    LlamaIndex:    {"blocks": [...], "tool_name": ..., "raw_input": ..., "raw_output": ...}
     """
     if isinstance(result, dict) and "output" in result and set(result) <= {"output", "kwargs"}:
         result = _as_json(result["output"])
     if not isinstance(result, dict):
         return result, None, None
+    if "raw_output" in result and "tool_name" in result and "raw_input" in result:
+        # LlamaIndex ToolOutput: {"blocks"/"content", "tool_name", "raw_input", "raw_output"}
+        own = result["raw_output"]
+        return _as_json(own), own if isinstance(own, str) else None, None
     inner = None
     if result.get("type") == "tool" and isinstance(result.get("data"), dict):
         inner = result["data"]
@@ -227,7 +245,17 @@ def _derive(source: Source, facts: _Facts, args: Any) -> Any:
     if source.when is not None and not source.when(facts):
         return None
     if source.attribute is not None:
-        value = facts.attrs.get(source.attribute)
+        if source.event is None:
+            value = facts.attrs.get(source.attribute)
+        else:
+            value = next(
+                (
+                    e.attributes.get(source.attribute)
+                    for e in facts.span.events
+                    if e.name == source.event and source.attribute in e.attributes
+                ),
+                None,
+            )
         if value is None:
             return None
         if source.plain:
@@ -413,7 +441,7 @@ class Normalizer:
         step.is_root = span.parent_span_id is None
         step.status_error = span.status_code == STATUS_ERROR
         step.service_name = res[1]
-        prompt_version = v.get("prompt_version")
+        prompt_version = self._field(profile, "prompt_version", facts)
         step.prompt_version = _ident(prompt_version) if prompt_version is not None else res[2]
         step.agent_name = _str_or_none(self._field(profile, "agent_name", facts))
         step.session_id = _str_or_none(v.get("conversation"))
@@ -434,6 +462,12 @@ class Normalizer:
             calls = self._requested_calls(span.attributes, v, profile, facts)
             if len(calls) >= 2:  # a single requested call is an action, not a plan
                 step.plan_fp = self._plan_fp(calls)
+            finish = self._field(profile, "finish_reason", facts)
+            if isinstance(finish, list):
+                finish = finish[-1] if finish else None
+            step.wants_tools = bool(calls) or (
+                isinstance(finish, str) and finish.lower() in TOOL_CALL_FINISH_REASONS
+            )
         if step.is_root or kind == AGENT:
             self._fill_termination(step, span, v, profile, facts)
         return step, profile, rule
@@ -489,7 +523,8 @@ class Normalizer:
         step.call_id = _str_or_none(v.get("call_id"))
         tool_version = v.get("tool_version")
         step.tool_version = _ident(tool_version) if tool_version is not None else res[3]
-        raw_args = v.get("arguments")
+        profile = facts.profile
+        raw_args = self._field(profile, "arguments", facts)
         wrapped = _as_json(raw_args) if raw_args is not None else {}
         args = _unwrap_arguments(wrapped)
         if step.call_id is None and args is not wrapped and isinstance(wrapped, dict):
@@ -502,7 +537,7 @@ class Normalizer:
             # a contract it is the first identity argument.
             single = contract.identity[0] if contract and contract.identity else "input"
             args = {single: args}
-        raw_result = v.get("result")
+        raw_result = self._field(profile, "result", facts)
         has_result = raw_result is not None
         result = None
         if has_result:
@@ -513,7 +548,7 @@ class Normalizer:
                 step.call_id = envelope_call_id
 
         step.action_fp = self._action_fp(tool, args, contract)
-        code = self._error_code(span, v, result)
+        code = self._error_code(span, facts, result)
         step.error_code = code
         if has_result:
             # Results come from tool code (stable serialization): digest the text as sent.
@@ -581,21 +616,22 @@ class Normalizer:
                 if key not in (None, ""):
                     step.idempotency_fp = self.fp.of_value("idempotency", key)
 
-    def _error_code(self, span: SpanRecord, v: dict[str, Any], result: Any) -> str | None:
-        code = self._stated_code(span, v, result)
+    def _error_code(self, span: SpanRecord, facts: _Facts, result: Any) -> str | None:
+        error_type = self._field(facts.profile, "error_type", facts)
+        code = self._stated_code(span, error_type, result)
         if code is None or code in self._known_codes:
             return code
         # A framework's native failure (a raised exception, a JS throw, a retry request)
         # names its exception type, not the cause: look for a transient cause in the
         # messages. Matched, never copied.
-        for text in self._error_messages(span, v):
+        for text in self._error_messages(span, self._field(facts.profile, "error_message", facts)):
             for pattern, transient in self.policy.transient_message_patterns:
                 if pattern.search(text):
                     return transient
         return code
 
     @staticmethod
-    def _error_messages(span: SpanRecord, v: dict[str, Any]) -> list[str]:
+    def _error_messages(span: SpanRecord, message: Any) -> list[str]:
         texts = [
             e.attributes["exception.message"]
             for e in span.events
@@ -603,13 +639,12 @@ class Normalizer:
         ]
         if span.status_message:
             texts.append(span.status_message)
-        message = v.get("error_message")
         if isinstance(message, str):
             texts.append(message)
         return texts
 
-    def _stated_code(self, span: SpanRecord, v: dict[str, Any], result: Any) -> str | None:
-        code = _short_code(v.get("error_type"))
+    def _stated_code(self, span: SpanRecord, error_type: Any, result: Any) -> str | None:
+        code = _short_code(error_type)
         if code is not None:
             return code
         if isinstance(result, dict) and result.get("ok") is False:
@@ -635,12 +670,12 @@ class Normalizer:
 
     def _fill_handoff(self, step: Step, span: SpanRecord, v: dict[str, Any], facts: _Facts) -> None:
         profile = facts.profile
-        raw_args = v.get("arguments")
+        raw_args = self._field(profile, "arguments", facts)
         args = _unwrap_arguments(_as_json(raw_args)) if raw_args is not None else None
         to_agent = self._field(profile, "handoff_to", facts, args)
         from_agent = self._field(profile, "handoff_from", facts, args)
         step.to_agent = _str_or_none(to_agent)
-        step.from_agent = _str_or_none(from_agent) or step.agent_name
+        step.from_agent = _str_or_none(from_agent)
         step.name = f"{step.from_agent or '?'}->{step.to_agent or '?'}"
         step.call_id = _str_or_none(v.get("call_id"))
 
@@ -727,8 +762,8 @@ class Normalizer:
             last = _last_message_text(span.attributes.get("output.value"))
             if last is not None and _OUT_OF_STEPS.search(last):
                 reason = "turn_limit"
-        if reason is None and step.is_root:
-            reason = "tool_error" if span.status_code == STATUS_ERROR else "final_answer"
+        # Nothing said why: the pipeline decides at finalization (inferred from the run, or
+        # the default for a root that ended OK / failed), and says which in the summary.
         step.termination = reason
 
     @staticmethod
