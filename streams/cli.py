@@ -215,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+")
     p.set_defaults(func=cmd_gate)
 
+    p = sub.add_parser(
+        "inspect",
+        help="show, span by span, what loopwatch recognizes in export files (no raw content)",
+    )
+    p.add_argument("--config")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument("paths", nargs="+")
+    p.set_defaults(func=_lazy("streams.inspect", "cmd_inspect"))
+
     p = sub.add_parser("worker", help="run the Kafka stream service")
     p.add_argument("--config")
     p.set_defaults(func=_lazy("streams.worker_cli", "cmd_worker"))
