@@ -281,6 +281,10 @@ class _Compiler:
         if isinstance(raw, str):
             if not raw:
                 raise self.fail(path, "an attribute key", raw)
+            if field_name == "requested_calls":
+                raise self.fail(
+                    path, "a format (" + ", ".join(CALL_FORMATS) + ") with its attribute", raw
+                )
             return raw
         m = self.mapping(raw, path, SOURCE_KEYS)
         kinds = [
