@@ -31,6 +31,7 @@ MAX_FUTURE_NS = 24 * 3600 * 10**9
 MAX_CODE_LEN = 64
 # Attribute key sets remembered by Normalizer._view (instrumentations send a few each).
 MAX_PLANS = 1024
+MAX_KIND_MEMO = 8192  # classifications remembered (span names vary little per instrumentation)
 _MISSING = object()
 
 
@@ -228,7 +229,11 @@ class _Facts(SpanFacts):
     def __init__(
         self, normalizer: Normalizer, span: SpanRecord, view: dict[str, Any], profile: Profile
     ) -> None:
-        super().__init__(span.name, span.parent_span_id is None, span.attributes, view)
+        # (SpanFacts.__init__ inlined: one object per span on the hot path)
+        self.name = span.name
+        self.root = span.parent_span_id is None
+        self.attrs = span.attributes
+        self.view = view
         self.span = span
         self.profile = profile
         self._normalizer = normalizer
@@ -338,6 +343,7 @@ class Normalizer:
             self._keymaps[profile.name] = keymap
         self._resources: dict[int, tuple[Any, ...]] = {}
         self._plans: dict[tuple[str, tuple[str, ...]], tuple[Profile, _Plan]] = {}
+        self._kinds: dict[tuple[Any, ...], tuple[str, str | None]] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -441,9 +447,15 @@ class Normalizer:
         step.is_root = span.parent_span_id is None
         step.status_error = span.status_code == STATUS_ERROR
         step.service_name = res[1]
-        prompt_version = self._field(profile, "prompt_version", facts)
+        derived = profile.derived
+        prompt_version = v.get("prompt_version")
+        if prompt_version is None and "prompt_version" in derived:
+            prompt_version = self._field(profile, "prompt_version", facts)
         step.prompt_version = _ident(prompt_version) if prompt_version is not None else res[2]
-        step.agent_name = _str_or_none(self._field(profile, "agent_name", facts))
+        agent = v.get("agent_name")
+        if agent is None and "agent_name" in derived:
+            agent = self._field(profile, "agent_name", facts)
+        step.agent_name = _str_or_none(agent)
         step.session_id = _str_or_none(v.get("conversation"))
         task_type = v.get("task_type")
         step.task_type = _ident(task_type) if task_type is not None else res[4]
@@ -474,12 +486,33 @@ class Normalizer:
 
     # ------------------------------------------------------------------ classification
 
-    @staticmethod
-    def _classify(profile: Profile, facts: _Facts) -> tuple[str, str | None]:
+    def _classify(self, profile: Profile, facts: _Facts) -> tuple[str, str | None]:
+        key: tuple[Any, ...] | None = None
+        if profile.memoizable:
+            view, attrs = facts.view, facts.attrs
+            key = (
+                profile.name,
+                facts.name,
+                facts.root,
+                *[view.get(f) for f in profile.memo_fields],
+                *[attrs.get(a) for a in profile.memo_attributes],
+            )
+            try:
+                found = self._kinds.get(key)
+            except TypeError:  # an unhashable value (a list attribute): no memo
+                key, found = None, None
+            if found is not None:
+                return found
+        found = (OTHER, None)
         for rule in profile.kinds:
             if rule.match(facts):
-                return rule.kind, rule.label
-        return OTHER, None
+                found = (rule.kind, rule.label)
+                break
+        if key is not None:
+            if len(self._kinds) >= MAX_KIND_MEMO:
+                self._kinds.clear()
+            self._kinds[key] = found
+        return found
 
     def _field(self, profile: Profile, name: str, facts: _Facts, args: Any = None) -> Any:
         """A field from its attribute keys, else from its derived sources (in order)."""
