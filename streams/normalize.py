@@ -31,7 +31,7 @@ MAX_FUTURE_NS = 24 * 3600 * 10**9
 MAX_CODE_LEN = 64
 # Attribute key sets remembered by Normalizer._view (instrumentations send a few each).
 MAX_PLANS = 1024
-MAX_KIND_MEMO = 8192  # classifications remembered (span names vary little per instrumentation)
+MAX_KIND_MEMO = 256  # kinds remembered: a few names and tools per instrumentation
 _MISSING = object()
 
 
