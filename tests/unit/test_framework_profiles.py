@@ -31,21 +31,14 @@ from streams.files import iter_payloads
 from streams.normalize import Normalizer
 from streams.otlp import decode_record
 from streams.spans import SpanRecord
+from tests.unit.test_framework_traces import POLICY as LANGGRAPH_AND_AGENTS_POLICY
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 README = Path(__file__).resolve().parents[2] / "README.md"
 
-POLICY: dict[str, Any] = {
-    "policy_version": "framework-fixtures.1",
-    "defaults": {"allowed_repeats": 2, "window": 8},
-    "tools": {
-        "lookup_order": {
-            "identity": ["order_id", "include_items"],
-            "defaults": {"include_items": False},
-            "progress": {"version_field": "version"},
-        }
-    },
-}
+# the example support agent's contract for lookup_order, as for the first two frameworks
+POLICY: dict[str, Any] = LANGGRAPH_AND_AGENTS_POLICY
+
 
 # fixture -> (termination_reason, termination_evidence), from the facts' `ended_by` and the
 # profile's mapping. "default" + final_answer where no span says why the run stopped and
