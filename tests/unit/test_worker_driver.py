@@ -1,4 +1,4 @@
-"""The stream worker's pure core (streams/app.py, no faust, no broker): the RunDriver over
+"""The stream worker's pure core (streams/worker/driver.py, no faust, no broker): the RunDriver over
 dict tables with an explicit clock behaves like the replay engine; deadlines, ticks,
 finished markers, eviction and the write-through state cache."""
 
@@ -14,26 +14,20 @@ import pytest
 from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
-from streams.app import (
-    NS,
-    Deadline,
-    DeadlineIndex,
-    Envelope,
-    FinishedIndex,
-    RunDriver,
-    decode_envelope,
-    decode_header,
-    decode_run_groups,
-    decode_steps,
-    encode_envelope,
-    encode_run_groups,
-    encode_steps,
-    group_steps,
-    key_partition,
-    run_view,
-)
 from streams.normalize import Normalizer
 from streams.otlp import decode_record
+from streams.worker.api import run_view
+from streams.worker.deadlines import Deadline, DeadlineIndex, FinishedIndex
+from streams.worker.driver import NS, RunDriver
+from streams.worker.formats import (
+    decode_run_groups,
+    decode_steps,
+    encode_run_groups,
+    encode_steps,
+    key_partition,
+)
+from streams.worker.ingest import group_steps
+from streams.worker.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy
 
