@@ -2,26 +2,25 @@
 
 It owns the run table (run_id → RunState), the event-time watermark and the finalization
 schedule. `loopwatch replay` drives it from files; tests drive it directly. The stream
-worker runs the same detectors/run.py functions with its state in a faust Table.
+worker runs the same detectors/pipeline.py functions with its state in a faust Table.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
-import sys
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.events import build_event
-from detectors import run as pipeline
-from detectors.errors import InputError
+from detectors import pipeline
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
+from streams.errors import InputError
 from streams.normalize import STEP_ERRORS, Normalizer
 from streams.spans import SpanRecord
 
@@ -197,7 +196,3 @@ def _count(counter: Counter[str], label: str) -> None:
     if label not in counter and len(counter) >= MAX_LABELS:
         label = "(other)"
     counter[label] += 1
-
-
-def warn_stderr(message: str) -> None:
-    print(message, file=sys.stderr)

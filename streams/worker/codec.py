@@ -21,7 +21,6 @@ import json
 from operator import attrgetter
 from typing import Any
 
-from detectors.errors import DecodeError
 from detectors.model import Step
 from detectors.state import (
     WIN_ACTION,
@@ -37,6 +36,7 @@ from detectors.state import (
     WIN_TOOL,
     RunState,
 )
+from streams.errors import DecodeError
 from streams.worker.packing import FORMAT_PACKED, Layout, Reader, Writer
 
 FORMAT_JSON = ord("{")  # format 1: RunState.to_dict() as JSON

@@ -265,8 +265,10 @@ class Detect:
                 self.counters["runs_finished"] += 1
             if out.duplicate_spans:
                 m.duplicate_spans.inc(out.duplicate_spans)
+            if out.late_spans:
+                m.late_spans.inc(out.late_spans)
             if out.spans_after_finalize:
-                m.late_spans.inc(out.spans_after_finalize)
+                m.spans_after_finalize.inc(out.spans_after_finalize)
             for _ in range(out.evicted):
                 m.run_evicted("capacity")
         # windowed counters: one write per label group and partition, not per event / run

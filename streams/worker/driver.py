@@ -1,7 +1,7 @@
 """`RunDriver`: the detect agent's logic over two key/value tables, no faust, no broker.
 
 Per run: decode its envelope (or take it from a small write-through cache), apply the
-steps of a batch with the pure pipeline (detectors/run.py), choose its next deadline, and
+steps of a batch with the pure pipeline (detectors/pipeline.py), choose its next deadline, and
 keep the table write pending until the caller has published the batch's outputs
 (`take_writes`): a state whose fired markers reached the changelog never belongs to an
 event that was not delivered. Ticks release, finalize and evict due runs of a partition.
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.events import build_event
-from detectors import run as pipeline
-from detectors.errors import DecodeError
+from detectors import pipeline
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
+from streams.errors import DecodeError
 from streams.worker.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.worker.formats import key_text
 from streams.worker.store import (
@@ -44,7 +44,8 @@ class Outputs:
     events: list[dict[str, Any]] = field(default_factory=list)
     summaries: list[dict[str, Any]] = field(default_factory=list)
     evicted: int = 0
-    spans_after_finalize: int = 0
+    spans_after_finalize: int = 0  # of runs already finished: counted, not fed
+    late_spans: int = 0  # behind released steps of their run (out of order): still fed
     duplicate_spans: int = 0
 
 
@@ -179,7 +180,7 @@ class RunDriver:
         else:
             env, state = loaded
         policy = self.policy
-        before_dup = state.duplicate_spans
+        before_dup, before_late = state.duplicate_spans, state.late_spans
         findings = []
         for steps, sent_clock in batches:
             watermark = None  # the run's own latest end: arrivals are in export order
@@ -193,6 +194,7 @@ class RunDriver:
                 env.candidate = (now_ns, state.max_end_ns)
         out.events = [build_event(f, run_id, policy) for f in findings]
         out.duplicate_spans = state.duplicate_spans - before_dup
+        out.late_spans = state.late_spans - before_late
         env.partition, env.seen_ns = partition, now_ns
         self.pending_runs[key] = (partition, encode_envelope(state, env))
         self._keep(run_id, env, state)

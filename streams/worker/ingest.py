@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from detectors.errors import DecodeError
 from detectors.model import Step
+from streams.errors import DecodeError
 from streams.normalize import STEP_ERRORS, Normalizer
 from streams.otlp import decode_record
 from streams.worker.clock import DeadlineClock

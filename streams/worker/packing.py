@@ -30,7 +30,7 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, NamedTuple
 
-from detectors.errors import DecodeError
+from streams.errors import DecodeError
 
 FORMAT_PACKED = 2
 
@@ -247,10 +247,6 @@ class Reader:
         chunk = self.data[self.off : end]
         self.off = end
         return chunk
-
-    def refs_of(self, count: int, pool_size: int) -> tuple[int, ...]:
-        code = _ref_code(pool_size)
-        return struct.unpack(f"<{count}{code}", self.take(count * struct.calcsize(code)))
 
     def kind(self) -> str:
         kind = self.kinds[self.k]

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import export_messages
-from detectors.errors import DecodeError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy, load_policy
 from detectors.state import RunState
 from streams.engine import Engine
+from streams.errors import DecodeError
 from streams.files import iter_batches
 from streams.otlp import decode_proto
 from streams.spans import SpanRecord
