@@ -31,7 +31,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_POLICY = REPO / "examples" / "loopwatch.yaml"
 FINGERPRINT_KEY = "integration-test-key"
 TABLES = ("runs", "finished", "loop_counts", "run_counts")
-LONG = os.environ.get("LOOPWATCH_CHAOS_LONG", "").lower() in ("1", "true", "yes", "on")
 
 
 def free_port() -> int:

@@ -313,7 +313,8 @@ def test_dashboard_is_a_provisionable_grafana_dashboard() -> None:
                    "Top looping tools (range)", "Wasted steps by shape",
                    "Wasted tokens by shape and tool", "Runs finished by termination reason",
                    "Consumed per second", "Dead letters, decode errors, publish retries",
-                   "Late and duplicate spans", "Active and evicted runs", "Consumer lag",
+                   "Late, after-finalize and duplicate spans", "Active and evicted runs",
+                   "Consumer lag",
                    "Processing latency"]:  # fmt: skip
         assert wanted in titles, wanted
 

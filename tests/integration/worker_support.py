@@ -10,6 +10,7 @@ input (`rooted_corpus`), the replay oracle (`Oracle`), reading a whole topic
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from bench.corpus import export_messages
 from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, reader
 from detectors.policy import load_policy
 from tests.otlp_build import replay_messages
+
+LONG = os.environ.get("LOOPWATCH_CHAOS_LONG", "").lower() in ("1", "true", "yes", "on")
 
 
 def values(records: list[Any]) -> list[dict[str, Any]]:
