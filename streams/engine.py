@@ -1,27 +1,25 @@
 """The embedded engine: spans in, events and run summaries out, no broker.
 
-It owns the run table (run_id → RunState), the event-time watermark and the finalization
-schedule. `loopwatch replay` drives it from files; tests drive it directly. The stream
-worker runs the same detectors/pipeline.py functions with its state in a faust Table.
+The replay's driver of the shared run loop (streams/runloop.py), which the stream worker
+drives too (streams/worker/driver.py). `loopwatch replay` drives it from files; tests drive
+it directly.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerts.events import build_event
-from detectors import pipeline
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
 from streams.errors import InputError
-from streams.normalize import STEP_ERRORS, Normalizer
+from streams.normalize import Normalizer
+from streams.runloop import MemoryStore, RunLoop, group_steps
 from streams.spans import SpanRecord
 
 MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go to "(other)"
@@ -61,6 +59,12 @@ class Stats:
 
 
 class Engine:
+    """The replay driver of the run loop (streams/runloop.py): one source of batches in
+    delivery order, state in dicts, and the event-time watermark (the latest span end seen)
+    as the clock. The loop releases a run's buffered steps on its next arrival or at its
+    end (no release timer) and finalizes runs whose deadline the watermark passed. It is
+    also the loop's sink: events and summaries go to the callbacks and into `stats`."""
+
     def __init__(
         self,
         policy: Policy,
@@ -74,101 +78,58 @@ class Engine:
         self.on_event = on_event
         self.on_summary = on_summary
         self.on_invalid = on_invalid
-        self.runs: dict[str, RunState] = {}
-        self.finished: OrderedDict[str, None] = OrderedDict()
-        self.deadlines: dict[str, int] = {}
-        self.schedule: list[tuple[int, str]] = []
+        self.store = MemoryStore(FINISHED_MEMORY)
+        self.loop = RunLoop(policy, self.store, release_timer=False)
+        self.runs: dict[str, RunState] = self.store.states  # live runs (tests, tools)
+        self.finished = self.store.finished
         self.watermark_ns = 0
         self.stats = Stats()
-        self._grace_ns = int(policy.finalize_grace_seconds * 1e9)
-        self._idle_ns = int(policy.idle_timeout_seconds * 1e9)
 
     # ------------------------------------------------------------------ input
 
     def feed(self, spans: Iterable[SpanRecord]) -> None:
         """One delivered batch (an OTLP export message)."""
         self.stats.batches += 1
-        by_run: dict[str, list[Step]] = {}
-        step_of = self.normalizer.step
-        for span in spans:
-            self.stats.spans += 1
-            try:
-                step = step_of(span)
-            except STEP_ERRORS as exc:
-                self.stats.invalid_spans += 1
-                if self.on_invalid is not None:
-                    self.on_invalid(
-                        str(
-                            InputError(
-                                f"span {span.span_id} of trace {span.trace_id}: {type(exc).__name__}"
-                            )
-                        )
-                    )
-                continue
-            by_run.setdefault(step.run_id, []).append(step)
-            if step.end_ns > self.watermark_ns:
-                self.watermark_ns = step.end_ns
+        spans = spans if isinstance(spans, list) else list(spans)
+        self.stats.spans += len(spans)
+        by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
+        self.stats.invalid_spans += invalid
+        if max_end > self.watermark_ns:
+            self.watermark_ns = max_end
         self.feed_steps(by_run)
 
+    def _invalid(self, span: Any, exc: Exception) -> None:
+        if self.on_invalid is not None:
+            self.on_invalid(
+                str(
+                    InputError(
+                        f"span {span.span_id} of trace {span.trace_id}: {type(exc).__name__}"
+                    )
+                )
+            )
+
     def feed_steps(self, by_run: dict[str, list[Step]]) -> None:
-        policy = self.policy
+        loop, now = self.loop, self.watermark_ns
         for run_id, steps in by_run.items():
-            state = self.runs.get(run_id)
-            if state is None:
-                if run_id in self.finished:
-                    self.stats.spans_after_finalize += len(steps)
-                    continue
-                state = pipeline.new_state(run_id)
-                self.runs[run_id] = state
-                self.stats.runs_started += 1
-            before_dup, before_late = state.duplicate_spans, state.late_spans
-            for step in steps:
-                self._emit(state, pipeline.ingest(policy, state, step))
-            self._emit(state, pipeline.release(policy, state))
-            self.stats.duplicate_spans += state.duplicate_spans - before_dup
-            self.stats.late_spans += state.late_spans - before_late
-            self._schedule(run_id, state)
-        self._finalize_due()
+            loop.apply(0, run_id, [(steps, None)], now, self)
+        loop.due(0, now, self)
 
     def close(self) -> None:
         """End of input: finalize every open run (in run id order, for stable output)."""
-        for run_id in sorted(self.runs):
-            self._finalize(run_id)
-        self.schedule.clear()
-        self.deadlines.clear()
+        self.loop.close(sorted(self.store.states), self.watermark_ns, self)
 
-    # ------------------------------------------------------------------ finalization
+    # ------------------------------------------------------------------ the loop's sink
 
-    def _schedule(self, run_id: str, state: RunState) -> None:
-        # Deadlines count from when the run was last seen on the watermark, not from its own
-        # timestamps: a file of older spans replayed after newer ones (or a lagging
-        # collector) must not find its runs already finalized.
-        seen_at = max(self.watermark_ns, state.max_end_ns)
-        if state.root_end_ns is not None:
-            deadline = seen_at + self._grace_ns
-        else:
-            deadline = seen_at + self._idle_ns
-        if self.deadlines.get(run_id) != deadline:
-            self.deadlines[run_id] = deadline
-            heapq.heappush(self.schedule, (deadline, run_id))
+    def event(self, event: dict[str, Any]) -> None:
+        stats = self.stats
+        stats.events += 1
+        stats.loops_by_shape[event["shape"]] += 1
+        _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
+        if event["tool_name"]:
+            _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
+        self.on_event(event)
 
-    def _finalize_due(self) -> None:
-        schedule = self.schedule
-        while schedule and schedule[0][0] <= self.watermark_ns:
-            deadline, run_id = heapq.heappop(schedule)
-            if self.deadlines.get(run_id) == deadline:
-                self._finalize(run_id)
-
-    def _finalize(self, run_id: str) -> None:
-        state = self.runs.pop(run_id, None)
-        self.deadlines.pop(run_id, None)
-        if state is None:
-            return
-        findings, summary = pipeline.finalize(self.policy, state)
-        self._emit(state, findings)
-        self.finished[run_id] = None
-        if len(self.finished) > FINISHED_MEMORY:
-            self.finished.popitem(last=False)
+    def summary(self, summary: dict[str, Any]) -> None:
         stats = self.stats
         stats.runs_finished += 1
         stats.runs_by_outcome[summary["outcome"]] += 1
@@ -178,16 +139,18 @@ class Engine:
         if self.on_summary is not None:
             self.on_summary(summary)
 
-    def _emit(self, state: RunState, findings: list[Any]) -> None:
-        for finding in findings:
-            event = build_event(finding, state.run_id, self.policy)
-            stats = self.stats
-            stats.events += 1
-            stats.loops_by_shape[event["shape"]] += 1
-            _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
-            if event["tool_name"]:
-                _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
-            self.on_event(event)
+    def started(self) -> None:
+        self.stats.runs_started += 1
+
+    def counted(self, duplicate_spans: int, late_spans: int) -> None:
+        self.stats.duplicate_spans += duplicate_spans
+        self.stats.late_spans += late_spans
+
+    def after_finalize(self, spans: int) -> None:
+        self.stats.spans_after_finalize += spans
+
+    def evicted_run(self) -> None:
+        pass  # the replay has no capacity bound
 
 
 def _count(counter: Counter[str], label: str) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 from detectors.model import Step
 from streams.errors import DecodeError
-from streams.normalize import STEP_ERRORS, Normalizer
+from streams.normalize import Normalizer
 from streams.otlp import decode_record
+from streams.runloop import group_steps
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.delivery import Abandoned, Outgoing, Publisher, Sent
@@ -31,22 +31,6 @@ from streams.worker.formats import (
 from streams.worker.skips import SkipGuard
 
 log = logging.getLogger("loopwatch.worker")
-
-
-def group_steps(normalizer: Normalizer, spans: Iterable[Any]) -> tuple[dict[str, list[Step]], int]:
-    """Normalize a decoded batch and group its steps by run id (first-seen order), as
-    Engine.feed does. Returns (steps by run, number of invalid spans skipped)."""
-    by_run: dict[str, list[Step]] = {}
-    invalid = 0
-    step_of = normalizer.step
-    for span in spans:
-        try:
-            step = step_of(span)
-        except STEP_ERRORS:
-            invalid += 1
-            continue
-        by_run.setdefault(step.run_id, []).append(step)
-    return by_run, invalid
 
 
 class InputReader:
@@ -79,7 +63,7 @@ class InputReader:
             self.metrics.decode_error("decode_error")
             sent.append(await self.dead_letters.send(message, "decode_error", str(exc)))
             return None
-        by_run, invalid = group_steps(self.normalizer, spans)
+        by_run, invalid, _ = group_steps(self.normalizer, spans)
         if invalid:
             self.metrics.decode_error("invalid_span")
             log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)

@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
+from streams.deadlines import Deadline
 from streams.input_clock import InputClock
 from streams.normalize import Normalizer
 from streams.settings import WorkerSettings
-from streams.worker.deadlines import Deadline
 from streams.worker.delivery import Abandoned
 from streams.worker.formats import (
     decode_run_groups,

@@ -1,4 +1,4 @@
-"""The stream worker's pure core (streams/worker/driver.py, no faust, no broker): the RunDriver over
+"""The worker's thin driver of the run loop (streams/worker/driver.py, no faust, no broker): RunDriver over
 dict tables with an explicit clock behaves like the replay engine; deadlines, ticks,
 finished markers, eviction and the write-through state cache."""
 
@@ -14,10 +14,11 @@ import pytest
 from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
+from streams.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.normalize import Normalizer
 from streams.otlp import decode_record
+from streams.runloop import group_steps
 from streams.worker.api import run_view
-from streams.worker.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.worker.driver import NS, RunDriver
 from streams.worker.formats import (
     decode_run_groups,
@@ -26,7 +27,6 @@ from streams.worker.formats import (
     encode_steps,
     key_partition,
 )
-from streams.worker.ingest import group_steps
 from streams.worker.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy
@@ -71,7 +71,9 @@ class FakeWorker:
         self.evicted += out.evicted
 
     def feed(self, message: bytes) -> None:
-        by_run, _invalid = group_steps(self.normalizer, decode_record(message, "otlp_proto", "t"))
+        by_run, _invalid, _ = group_steps(
+            self.normalizer, decode_record(message, "otlp_proto", "t")
+        )
         # over the wire and back, like the internal topic
         for run_id, steps in decode_run_groups(encode_run_groups(by_run.items())):
             p = key_partition(run_id.encode(), self.partitions)

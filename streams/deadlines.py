@@ -1,4 +1,5 @@
-"""The worker's in-memory schedules, rebuilt from the tables on every partition assignment:
+"""In-memory schedules of the run loop (streams/runloop.py); the worker rebuilds them from its
+tables on every partition assignment:
 `DeadlineIndex` (when each live run is next due: release after lateness, finalization
 after grace or idle time, eviction past LOOPWATCH_MAX_ACTIVE_RUNS) and `FinishedIndex`
 (finished-run markers, oldest first, for their TTL)."""
@@ -81,6 +82,10 @@ class DeadlineIndex:
 
     def partitions(self) -> list[int]:
         return list(self._heaps)
+
+    def scheduled(self) -> int:
+        """Entries in the heaps, stale ones included (what the schedule holds in memory)."""
+        return sum(len(heap) for heap in self._heaps.values())
 
     def pop_due(self, partition: int, now_ns: int) -> list[str]:
         """Run ids of `partition` whose deadline passed (removed from the heap, kept in
