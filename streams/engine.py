@@ -7,17 +7,19 @@ it directly.
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
-from streams.errors import InputError
+from streams.errors import DecodeError, InputError
 from streams.normalize import Normalizer
 from streams.runloop import MemoryStore, RunLoop, group_steps
 from streams.spans import SpanRecord
@@ -59,11 +61,17 @@ class Stats:
 
 
 class Engine:
-    """The replay driver of the run loop (streams/runloop.py): one source of batches in
-    delivery order, state in dicts, and the event-time watermark (the latest span end seen)
-    as the clock. The loop releases a run's buffered steps on its next arrival or at its
-    end (no release timer) and finalizes runs whose deadline the watermark passed. It is
-    also the loop's sink: events and summaries go to the callbacks and into `stats`."""
+    """The replay driver of the run loop (streams/runloop.py): batches of one or more
+    sources, state in dicts, and an event-time watermark as the clock. The loop releases a
+    run's buffered steps on its next arrival or at its end (no release timer) and finalizes
+    runs whose deadline the watermark passed. It is also the loop's sink: events and
+    summaries go to the callbacks and into `stats`.
+
+    Sources are partitions, as for the worker: each source (an input file) delivers its
+    own spans in time order, within the allowed lateness, and the watermark is the minimum,
+    over the sources that still have data, of how far each has got (the latest span end it
+    delivered; before its first batch, where its data begins). `feed` without a source is
+    one source; `feed_sources` reads several merged by time."""
 
     def __init__(
         self,
@@ -83,20 +91,67 @@ class Engine:
         self.runs: dict[str, RunState] = self.store.states  # live runs (tests, tools)
         self.finished = self.store.finished
         self.watermark_ns = 0
+        self.marks: dict[int, int] = {}  # open source -> how far it has got (event time)
         self.stats = Stats()
 
     # ------------------------------------------------------------------ input
 
-    def feed(self, spans: Iterable[SpanRecord]) -> None:
-        """One delivered batch (an OTLP export message)."""
+    def feed(self, spans: Iterable[SpanRecord], source: int = 0) -> None:
+        """One delivered batch (an OTLP export message) of `source`."""
         self.stats.batches += 1
         spans = spans if isinstance(spans, list) else list(spans)
         self.stats.spans += len(spans)
         by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
         self.stats.invalid_spans += invalid
-        if max_end > self.watermark_ns:
-            self.watermark_ns = max_end
+        marks = self.marks
+        if max_end > marks.get(source, 0):
+            marks[source] = max_end
+        low = min(marks.values()) if marks else 0
+        if low > self.watermark_ns:
+            self.watermark_ns = low
         self.feed_steps(by_run)
+
+    def open_source(self, source: int, start_ns: int) -> None:
+        """`source` has data from `start_ns` on: the watermark waits for it from now."""
+        self.marks[source] = start_ns
+
+    def end_source(self, source: int) -> None:
+        """`source` has no more data: it no longer holds the watermark back."""
+        self.marks.pop(source, None)
+        if self.marks:
+            low = min(self.marks.values())
+            if low > self.watermark_ns:
+                self.watermark_ns = low
+                self.loop.due(0, low, self)
+
+    def feed_sources(
+        self,
+        sources: Sequence[Iterable[list[SpanRecord]]],
+        on_batch: Callable[[int], object] | None = None,
+    ) -> None:
+        """Batches of several sources merged by time: the next batch fed is always the
+        one, among each open source's next batch, that ends first (its latest span end;
+        ties: the earlier source). One batch per source is held in memory. `on_batch(source)`
+        is called after each batch; `close` is left to the caller."""
+        heads: list[tuple[int, int, list[SpanRecord], Iterator[list[SpanRecord]]]] = []
+        for i, batches in enumerate(sources):
+            it = iter(batches)
+            first = next(it, None)
+            if first is not None:
+                begins, ends = _span_ends(first)
+                self.open_source(i, begins)
+                heads.append((ends, i, first, it))
+        heapq.heapify(heads)
+        while heads:
+            _, i, spans, it = heapq.heappop(heads)
+            self.feed(spans, i)
+            if on_batch is not None:
+                on_batch(i)
+            nxt = next(it, None)
+            if nxt is None:
+                self.end_source(i)
+            else:
+                heapq.heappush(heads, (_span_ends(nxt)[1], i, nxt, it))
 
     def _invalid(self, span: Any, exc: Exception) -> None:
         if self.on_invalid is not None:
@@ -151,6 +206,39 @@ class Engine:
 
     def evicted_run(self) -> None:
         pass  # the replay has no capacity bound
+
+
+def _span_ends(spans: list[SpanRecord]) -> tuple[int, int]:
+    """The earliest and the latest span end of a batch (0, 0 when it has none)."""
+    ends = [s.end_ns for s in spans if isinstance(s.end_ns, int)]
+    return (min(ends), max(ends)) if ends else (0, 0)
+
+
+def replay_files(
+    engine: Engine,
+    files: Sequence[Path],
+    on_decode_error: Callable[[DecodeError], None],
+    on_progress: Callable[[int], object] | None = None,
+) -> None:
+    """Feed export files to `engine`, each file a source, merged by time: read one after
+    another, a run whose root is in the first file would be finalized before its spans in
+    the second are read. `on_progress(bytes)` after each batch: the size of the files read
+    to their end. The caller closes the engine."""
+    from streams.files import iter_batches
+
+    done = 0
+
+    def batches(path: Path) -> Iterator[list[SpanRecord]]:
+        nonlocal done
+        for _source, spans in iter_batches([path], on_decode_error):
+            yield spans
+        done += path.stat().st_size
+
+    def progress(source: int) -> None:
+        if on_progress is not None:
+            on_progress(done)
+
+    engine.feed_sources([batches(f) for f in files], progress)
 
 
 def _count(counter: Counter[str], label: str) -> None:
