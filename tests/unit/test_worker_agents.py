@@ -684,3 +684,34 @@ async def test_a_missing_faust_internal_for_the_head_check_is_said_once(
     warnings = [r for r in caplog.records if "_committed_offset" in r.getMessage()]
     assert len(warnings) == 1
     assert len(service.topics["steps"].sent) == 2  # ingest goes on
+
+
+def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Path) -> None:
+    """build_app (never started: no broker) hands faust's topics and tables to a Worker."""
+    from streams.worker.service import build_app
+
+    def built(**env: str) -> Any:
+        settings = WorkerSettings.from_env(
+            {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path), **env}
+        )
+        policy = policy_from_mapping(
+            yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text()), "<test>"
+        )
+        return build_app(settings, policy, Fingerprinter(b"k"), Metrics(CollectorRegistry()), 4)
+
+    svc = built()
+    assert list(svc.app.agents) == ["ingest", "detect"]
+    assert {name: t.get_topic_name() for name, t in svc.worker.topics.items()} == {
+        "steps": "loopwatch-steps",
+        "events": "loop_detected",
+        "runs": "loop_runs",
+        "dead": "loopwatch-dead-letters",
+    }
+    assert svc.worker.tables.runs is svc.runs and svc.worker.tables.finished is svc.finished
+    assert svc.worker.clock.input is not None  # unkeyed: the input clock is on
+    keyed = built(LOOPWATCH_INPUT_KEYED_BY_RUN="true")
+    assert list(keyed.app.agents) == ["detect"]  # no hop
+    assert keyed.worker.clock.input is None and keyed.detect_topic_names == {
+        "otlp_spans",
+        "loopwatch-steps",
+    }
