@@ -57,23 +57,6 @@ EVENT_FIELDS = (
     "policy_version",
     "observe_only",
 )
-RUN_SUMMARY_FIELDS = (
-    "run_id",
-    "outcome",
-    "termination_reason",
-    "steps",
-    "tool_calls",
-    "distinct_actions",
-    "duplicate_spans",
-    "late_spans",
-    "shapes",
-    "stalled_repeat",
-    "progress_observed",
-    "guard_fired",
-    "guard_before_dispatch",
-    "tool_after_guard",
-    "terminal_response",
-)
 
 
 def event_id(run_id: str, shape: str, key: str) -> str:
@@ -140,14 +123,3 @@ def build_event(finding: Finding, run_id: str, policy: Policy) -> dict[str, Any]
         "policy_version": policy.policy_version,
         "observe_only": True,
     }
-
-
-def validate_event(event: dict[str, Any]) -> None:
-    """Raise ValueError when an event does not follow the schema (used by tests and gate)."""
-    missing = [f for f in EVENT_FIELDS if f not in event]
-    if missing:
-        raise ValueError(f"loop_detected event lacks {', '.join(missing)}")
-    if event["event"] != "loop_detected" or event["shape"] not in SHAPES:
-        raise ValueError(f"not a loop_detected event of a known shape: {event.get('shape')!r}")
-    if not isinstance(event["span_ids"], list) or not event["trigger_span_id"]:
-        raise ValueError("span_ids must be a list and trigger_span_id set")

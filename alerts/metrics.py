@@ -146,7 +146,8 @@ class Metrics:
     Labelled metrics must be updated through the methods (``observe_event``,
     ``observe_run``, ``record_consumed``, ``dead_letter``, ...) or :meth:`labels`, so that
     the label cap applies. Unlabelled health metrics are plain attributes:
-    ``spans_consumed``, ``duplicate_spans``, ``late_spans``, ``active_runs``,
+    ``spans_consumed``, ``duplicate_spans``, ``late_spans``, ``spans_after_finalize``,
+    ``active_runs``,
     ``processing_latency``, ``last_processed_timestamp``.
     """
 
@@ -235,7 +236,14 @@ class Metrics:
         )
         self.late_spans = Counter(
             PREFIX + "late_spans_total",
-            "Spans that arrived after their run was finished or evicted.",
+            "Spans that arrived behind steps of their run already released (out of order "
+            "beyond allowed_lateness_seconds): still fed to the detectors, as late_spans in "
+            "run summaries.",
+            registry=r,
+        )
+        self.spans_after_finalize = Counter(
+            PREFIX + "spans_after_finalize_total",
+            "Spans that arrived after their run was finished or evicted: counted, not fed.",
             registry=r,
         )
         self.dead_letters = Counter(

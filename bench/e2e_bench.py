@@ -21,13 +21,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.corpus import export_messages
+from bench.kafka import bootstrap, create_topics
+from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.engine import Engine
 from streams.otlp import decode_proto
 from streams.produce import split_by_trace
-from tests.integration.worker_support import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
-from tests.kafka_support import bootstrap, create_topics
 
 PARTITIONS = 4
 

@@ -7,12 +7,12 @@ import time
 from typing import Any
 
 from bench.corpus import export_messages
-from detectors.codec import encode_state
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.engine import Engine
 from streams.otlp import decode_proto
 from streams.runtime import tune_gc
+from streams.worker.codec import encode_state
 
 
 def rss_mib() -> float:
@@ -45,7 +45,7 @@ def replay_engine(messages: list[bytes], policy_path: str) -> tuple[int, float, 
 
 
 def state_sizes(messages: list[bytes], policy_path: str) -> list[int]:
-    """Serialized RunState sizes (the `runs` table's encoding, detectors.codec) of the runs
+    """Serialized RunState sizes (the `runs` table's encoding, streams.worker.codec) of the runs
     that are live mid-stream."""
     policy = load_policy(policy_path)
     engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)

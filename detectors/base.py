@@ -25,9 +25,6 @@ class Context:
     def contract(self, tool: str) -> ToolContract | None:
         return self.policy.tools.get(tool)
 
-    def already_fired(self, shape: str, key: str) -> bool:
-        return f"{shape}|{key}" in self.state.fired
-
     def fire(
         self,
         shape: str,

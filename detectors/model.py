@@ -23,8 +23,6 @@ SUMMARY = "summary"  # a context reduction (summarization span)
 AGENT = "agent"  # an agent / root span: termination evidence, no action
 OTHER = "other"  # any other span of the run: kept only for tree completeness
 
-ACTION_KINDS = frozenset({TOOL, HANDOFF})
-
 
 @dataclass(slots=True)
 class Step:

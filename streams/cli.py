@@ -69,8 +69,8 @@ def run_replay(
     err: IO[str],
 ) -> Any:
     """Replay export files through the embedded engine; returns the engine's Stats."""
-    from streams.engine import Engine, fingerprinter_from_env
-    from streams.files import expand_paths, iter_batches
+    from streams.engine import Engine, fingerprinter_from_env, replay_files
+    from streams.files import expand_paths
 
     policy = load_policy(_config_path(config))
     missing = [p for p in paths if not Path(p).exists()]
@@ -84,17 +84,18 @@ def run_replay(
     engine = Engine(policy, fp, on_event, on_summary, on_invalid=report)
     files = expand_paths(paths, lambda exc: report(str(exc)))
     progress = Progress(sum(f.stat().st_size for f in files), err)
-    done = 0
 
     def on_decode_error(exc: Exception) -> None:
         engine.stats.decode_errors += 1
         report(str(exc))
 
-    for file in files:
-        for _source, spans in iter_batches([file], on_decode_error):
-            engine.feed(spans)
-            progress.update(done, engine.stats.spans, engine.stats.events)
-        done += file.stat().st_size
+    # each file a source, merged by time (streams/engine.py)
+    replay_files(
+        engine,
+        files,
+        on_decode_error,
+        lambda done: progress.update(done, engine.stats.spans, engine.stats.events),
+    )
     engine.close()
     progress.update(progress.total, engine.stats.spans, engine.stats.events, force=True)
     progress.done()

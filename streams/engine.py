@@ -1,28 +1,27 @@
 """The embedded engine: spans in, events and run summaries out, no broker.
 
-It owns the run table (run_id → RunState), the event-time watermark and the finalization
-schedule. `loopwatch replay` drives it from files; tests drive it directly. The stream
-worker runs the same detectors/run.py functions with its state in a faust Table.
+The replay's driver of the shared run loop (streams/runloop.py), which the stream worker
+drives too (streams/worker/driver.py). `loopwatch replay` drives it from files; tests drive
+it directly.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
-import sys
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from alerts.events import build_event
-from detectors import run as pipeline
-from detectors.errors import InputError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
-from streams.normalize import STEP_ERRORS, Normalizer
+from streams.errors import DecodeError, InputError
+from streams.normalize import Normalizer
+from streams.runloop import MemoryStore, RunLoop, group_steps
 from streams.spans import SpanRecord
 
 MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go to "(other)"
@@ -62,6 +61,18 @@ class Stats:
 
 
 class Engine:
+    """The replay driver of the run loop (streams/runloop.py): batches of one or more
+    sources, state in dicts, and an event-time watermark as the clock. The loop releases a
+    run's buffered steps on its next arrival or at its end (no release timer) and finalizes
+    runs whose deadline the watermark passed. It is also the loop's sink: events and
+    summaries go to the callbacks and into `stats`.
+
+    Sources are partitions, as for the worker: each source (an input file) delivers its
+    own spans in time order, within the allowed lateness, and the watermark is the minimum,
+    over the sources that still have data, of how far each has got (the latest span end it
+    delivered; before its first batch, where its data begins). `feed` without a source is
+    one source; `feed_sources` reads several merged by time."""
+
     def __init__(
         self,
         policy: Policy,
@@ -75,101 +86,105 @@ class Engine:
         self.on_event = on_event
         self.on_summary = on_summary
         self.on_invalid = on_invalid
-        self.runs: dict[str, RunState] = {}
-        self.finished: OrderedDict[str, None] = OrderedDict()
-        self.deadlines: dict[str, int] = {}
-        self.schedule: list[tuple[int, str]] = []
+        self.store = MemoryStore(FINISHED_MEMORY)
+        self.loop = RunLoop(policy, self.store, release_timer=False)
+        self.runs: dict[str, RunState] = self.store.states  # live runs (tests, tools)
+        self.finished = self.store.finished
         self.watermark_ns = 0
+        self.marks: dict[int, int] = {}  # open source -> how far it has got (event time)
         self.stats = Stats()
-        self._grace_ns = int(policy.finalize_grace_seconds * 1e9)
-        self._idle_ns = int(policy.idle_timeout_seconds * 1e9)
 
     # ------------------------------------------------------------------ input
 
-    def feed(self, spans: Iterable[SpanRecord]) -> None:
-        """One delivered batch (an OTLP export message)."""
+    def feed(self, spans: Iterable[SpanRecord], source: int = 0) -> None:
+        """One delivered batch (an OTLP export message) of `source`."""
         self.stats.batches += 1
-        by_run: dict[str, list[Step]] = {}
-        step_of = self.normalizer.step
-        for span in spans:
-            self.stats.spans += 1
-            try:
-                step = step_of(span)
-            except STEP_ERRORS as exc:
-                self.stats.invalid_spans += 1
-                if self.on_invalid is not None:
-                    self.on_invalid(
-                        str(
-                            InputError(
-                                f"span {span.span_id} of trace {span.trace_id}: {type(exc).__name__}"
-                            )
-                        )
-                    )
-                continue
-            by_run.setdefault(step.run_id, []).append(step)
-            if step.end_ns > self.watermark_ns:
-                self.watermark_ns = step.end_ns
+        spans = spans if isinstance(spans, list) else list(spans)
+        self.stats.spans += len(spans)
+        by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
+        self.stats.invalid_spans += invalid
+        marks = self.marks
+        if max_end > marks.get(source, 0):
+            marks[source] = max_end
+        low = min(marks.values()) if marks else 0
+        if low > self.watermark_ns:
+            self.watermark_ns = low
         self.feed_steps(by_run)
 
+    def open_source(self, source: int, start_ns: int) -> None:
+        """`source` has data from `start_ns` on: the watermark waits for it from now."""
+        self.marks[source] = start_ns
+
+    def end_source(self, source: int) -> None:
+        """`source` has no more data: it no longer holds the watermark back."""
+        self.marks.pop(source, None)
+        if self.marks:
+            low = min(self.marks.values())
+            if low > self.watermark_ns:
+                self.watermark_ns = low
+                self.loop.due(0, low, self)
+
+    def feed_sources(
+        self,
+        sources: Sequence[Iterable[list[SpanRecord]]],
+        on_batch: Callable[[int], object] | None = None,
+    ) -> None:
+        """Batches of several sources merged by time: the next batch fed is always the
+        one, among each open source's next batch, that ends first (its latest span end;
+        ties: the earlier source). One batch per source is held in memory. `on_batch(source)`
+        is called after each batch; `close` is left to the caller."""
+        heads: list[tuple[int, int, list[SpanRecord], Iterator[list[SpanRecord]]]] = []
+        for i, batches in enumerate(sources):
+            it = iter(batches)
+            first = next(it, None)
+            if first is not None:
+                begins, ends = _span_ends(first)
+                self.open_source(i, begins)
+                heads.append((ends, i, first, it))
+        heapq.heapify(heads)
+        while heads:
+            _, i, spans, it = heapq.heappop(heads)
+            self.feed(spans, i)
+            if on_batch is not None:
+                on_batch(i)
+            nxt = next(it, None)
+            if nxt is None:
+                self.end_source(i)
+            else:
+                heapq.heappush(heads, (_span_ends(nxt)[1], i, nxt, it))
+
+    def _invalid(self, span: Any, exc: Exception) -> None:
+        if self.on_invalid is not None:
+            self.on_invalid(
+                str(
+                    InputError(
+                        f"span {span.span_id} of trace {span.trace_id}: {type(exc).__name__}"
+                    )
+                )
+            )
+
     def feed_steps(self, by_run: dict[str, list[Step]]) -> None:
-        policy = self.policy
+        loop, now = self.loop, self.watermark_ns
         for run_id, steps in by_run.items():
-            state = self.runs.get(run_id)
-            if state is None:
-                if run_id in self.finished:
-                    self.stats.spans_after_finalize += len(steps)
-                    continue
-                state = pipeline.new_state(run_id)
-                self.runs[run_id] = state
-                self.stats.runs_started += 1
-            before_dup, before_late = state.duplicate_spans, state.late_spans
-            for step in steps:
-                self._emit(state, pipeline.ingest(policy, state, step))
-            self._emit(state, pipeline.release(policy, state))
-            self.stats.duplicate_spans += state.duplicate_spans - before_dup
-            self.stats.late_spans += state.late_spans - before_late
-            self._schedule(run_id, state)
-        self._finalize_due()
+            loop.apply(0, run_id, [(steps, None)], now, self)
+        loop.due(0, now, self)
 
     def close(self) -> None:
         """End of input: finalize every open run (in run id order, for stable output)."""
-        for run_id in sorted(self.runs):
-            self._finalize(run_id)
-        self.schedule.clear()
-        self.deadlines.clear()
+        self.loop.close(sorted(self.store.states), self.watermark_ns, self)
 
-    # ------------------------------------------------------------------ finalization
+    # ------------------------------------------------------------------ the loop's sink
 
-    def _schedule(self, run_id: str, state: RunState) -> None:
-        # Deadlines count from when the run was last seen on the watermark, not from its own
-        # timestamps: a file of older spans replayed after newer ones (or a lagging
-        # collector) must not find its runs already finalized.
-        seen_at = max(self.watermark_ns, state.max_end_ns)
-        if state.root_end_ns is not None:
-            deadline = seen_at + self._grace_ns
-        else:
-            deadline = seen_at + self._idle_ns
-        if self.deadlines.get(run_id) != deadline:
-            self.deadlines[run_id] = deadline
-            heapq.heappush(self.schedule, (deadline, run_id))
+    def event(self, event: dict[str, Any]) -> None:
+        stats = self.stats
+        stats.events += 1
+        stats.loops_by_shape[event["shape"]] += 1
+        _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
+        if event["tool_name"]:
+            _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
+        self.on_event(event)
 
-    def _finalize_due(self) -> None:
-        schedule = self.schedule
-        while schedule and schedule[0][0] <= self.watermark_ns:
-            deadline, run_id = heapq.heappop(schedule)
-            if self.deadlines.get(run_id) == deadline:
-                self._finalize(run_id)
-
-    def _finalize(self, run_id: str) -> None:
-        state = self.runs.pop(run_id, None)
-        self.deadlines.pop(run_id, None)
-        if state is None:
-            return
-        findings, summary = pipeline.finalize(self.policy, state)
-        self._emit(state, findings)
-        self.finished[run_id] = None
-        if len(self.finished) > FINISHED_MEMORY:
-            self.finished.popitem(last=False)
+    def summary(self, summary: dict[str, Any]) -> None:
         stats = self.stats
         stats.runs_finished += 1
         stats.runs_by_outcome[summary["outcome"]] += 1
@@ -179,16 +194,51 @@ class Engine:
         if self.on_summary is not None:
             self.on_summary(summary)
 
-    def _emit(self, state: RunState, findings: list[Any]) -> None:
-        for finding in findings:
-            event = build_event(finding, state.run_id, self.policy)
-            stats = self.stats
-            stats.events += 1
-            stats.loops_by_shape[event["shape"]] += 1
-            _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
-            if event["tool_name"]:
-                _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
-            self.on_event(event)
+    def started(self) -> None:
+        self.stats.runs_started += 1
+
+    def counted(self, duplicate_spans: int, late_spans: int) -> None:
+        self.stats.duplicate_spans += duplicate_spans
+        self.stats.late_spans += late_spans
+
+    def after_finalize(self, spans: int) -> None:
+        self.stats.spans_after_finalize += spans
+
+    def evicted_run(self) -> None:
+        pass  # the replay has no capacity bound
+
+
+def _span_ends(spans: list[SpanRecord]) -> tuple[int, int]:
+    """The earliest and the latest span end of a batch (0, 0 when it has none)."""
+    ends = [s.end_ns for s in spans if isinstance(s.end_ns, int)]
+    return (min(ends), max(ends)) if ends else (0, 0)
+
+
+def replay_files(
+    engine: Engine,
+    files: Sequence[Path],
+    on_decode_error: Callable[[DecodeError], None],
+    on_progress: Callable[[int], object] | None = None,
+) -> None:
+    """Feed export files to `engine`, each file a source, merged by time: read one after
+    another, a run whose root is in the first file would be finalized before its spans in
+    the second are read. `on_progress(bytes)` after each batch: the size of the files read
+    to their end. The caller closes the engine."""
+    from streams.files import iter_batches
+
+    done = 0
+
+    def batches(path: Path) -> Iterator[list[SpanRecord]]:
+        nonlocal done
+        for _source, spans in iter_batches([path], on_decode_error):
+            yield spans
+        done += path.stat().st_size
+
+    def progress(source: int) -> None:
+        if on_progress is not None:
+            on_progress(done)
+
+    engine.feed_sources([batches(f) for f in files], progress)
 
 
 def _count(counter: Counter[str], label: str) -> None:
@@ -197,7 +247,3 @@ def _count(counter: Counter[str], label: str) -> None:
     if label not in counter and len(counter) >= MAX_LABELS:
         label = "(other)"
     counter[label] += 1
-
-
-def warn_stderr(message: str) -> None:
-    print(message, file=sys.stderr)

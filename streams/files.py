@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, Protocol
 
-from detectors.errors import DecodeError
+from streams.errors import DecodeError
 from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
 from streams.spans import SpanRecord
 

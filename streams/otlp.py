@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as _PbSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status as _PbStatus
 
-from detectors.errors import DecodeError
+from streams.errors import DecodeError
 from streams.spans import SpanEvent, SpanRecord
 
 __all__ = [

@@ -32,7 +32,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from detectors.errors import BrokerError, DecodeError, LoopwatchError
+from detectors.errors import LoopwatchError
+from streams.errors import BrokerError, DecodeError
 from streams.files import Payload, expand_paths, iter_payloads
 from streams.otlp import (
     ENCODINGS,

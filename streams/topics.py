@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from detectors.errors import BrokerError, ConfigError
+from detectors.errors import ConfigError
+from streams.errors import BrokerError
 from streams.settings import WorkerSettings
 
 # Table names (faust changelog topic = "<app id>-<table>-changelog").

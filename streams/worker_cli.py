@@ -1,4 +1,4 @@
-"""`loopwatch worker`: run the Kafka stream service (streams/app.py) in the foreground.
+"""`loopwatch worker`: run the Kafka stream service (streams/worker/) in the foreground.
 
 Startup order: settings (env, `streams.settings`) and policy (YAML) are validated, the broker
 is probed with a short timeout and the topics are created (`streams.topics`), the web and
@@ -71,8 +71,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from alerts.metrics import Metrics
-    from streams.app import build_app
     from streams.engine import fingerprinter_from_env
+    from streams.worker.service import build_app
 
     fingerprinter = fingerprinter_from_env(lambda m: print(m, file=sys.stderr))
     metrics = Metrics()

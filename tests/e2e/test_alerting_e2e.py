@@ -54,6 +54,8 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.kafka import require_broker
+from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 from detectors.policy import load_policy
 from tests.e2e.prom_support import (
     AM_CONFIG,
@@ -70,13 +72,6 @@ from tests.e2e.prom_support import (
     start_prometheus,
     wait_for,
 )
-from tests.integration.worker_support import (
-    EXAMPLE_POLICY,
-    FINGERPRINT_KEY,
-    WorkerProc,
-    write_policy,
-)
-from tests.kafka_support import require_broker
 from tests.otlp_build import EXAMPLES, encode_request, file_messages, replay_messages, trace_key
 from tests.spankit import Run
 

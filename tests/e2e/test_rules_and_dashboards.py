@@ -313,7 +313,8 @@ def test_dashboard_is_a_provisionable_grafana_dashboard() -> None:
                    "Top looping tools (range)", "Wasted steps by shape",
                    "Wasted tokens by shape and tool", "Runs finished by termination reason",
                    "Consumed per second", "Dead letters, decode errors, publish retries",
-                   "Late and duplicate spans", "Active and evicted runs", "Consumer lag",
+                   "Late, after-finalize and duplicate spans", "Active and evicted runs",
+                   "Consumer lag",
                    "Processing latency"]:  # fmt: skip
         assert wanted in titles, wanted
 
@@ -382,6 +383,7 @@ class FakeWorker:
             m.record_consumed("otlp_spans", spans=40 + i % 30, latency_seconds=0.002 * (i % 20))
             m.duplicate_spans.inc(i % 2)
             m.late_spans.inc(i % 3 == 0)
+            m.spans_after_finalize.inc(i % 4 == 0)
             m.active_runs.set(10 + i % 5)
             m.set_consumer_lag("otlp_spans", i % 4, 100 - i % 50)
             if i % 25 == 0:

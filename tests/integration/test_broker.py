@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.kafka_support import (
+from bench.kafka import (
     bootstrap,
     create_topics,
     delete_topics,

@@ -15,14 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from tests.integration.worker_support import (
-    Oracle,
-    WorkerProc,
-    rooted_corpus,
-    values,
-    write_policy,
-)
-from tests.kafka_support import bootstrap, create_topics, require_broker
+from bench.kafka import bootstrap, create_topics, require_broker
+from bench.worker_proc import WorkerProc, write_policy
+from tests.integration.worker_support import Oracle, rooted_corpus, values
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 

@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from tests.integration.worker_support import WorkerProc, write_policy
-from tests.kafka_support import admin_client, bootstrap, create_topics, require_broker
+from bench.kafka import admin_client, bootstrap, create_topics, require_broker
+from bench.worker_proc import WorkerProc, write_policy
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 

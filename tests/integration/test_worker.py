@@ -35,18 +35,12 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from bench.kafka import require_broker
+from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 from detectors.policy import load_policy
 from streams.otlp import decode_record
 from streams.produce import split_by_trace
-from tests.integration.worker_support import (
-    EXAMPLE_POLICY,
-    FINGERPRINT_KEY,
-    WorkerProc,
-    headers_of,
-    values,
-    write_policy,
-)
-from tests.kafka_support import require_broker
+from tests.integration.worker_support import headers_of, values
 from tests.otlp_build import (
     encode_request,
     example_files,
@@ -471,7 +465,7 @@ def test_restart_sigterm_and_sigkill_keep_event_ids(
         worker.produce((None, m) for m in late)
         n_late = sum(len(decode_record(m, "otlp_proto", "late")) for m in late)
         deadline = time.monotonic() + TIMEOUT
-        while metric(worker, "loopwatch_late_spans_total") < n_late:
+        while metric(worker, "loopwatch_spans_after_finalize_total") < n_late:
             assert time.monotonic() < deadline, worker.log_tail()
             time.sleep(0.3)
         assert event_ids(worker, corpus.event_ids) == corpus.event_ids

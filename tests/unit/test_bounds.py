@@ -151,7 +151,7 @@ def test_100k_distinct_runs_stay_bounded() -> None:
     for spans in tiny_runs_batches(100_000):
         engine.feed(spans)
         peak_runs = max(peak_runs, len(engine.runs))
-        peak_schedule = max(peak_schedule, len(engine.schedule))
+        peak_schedule = max(peak_schedule, engine.loop.index.scheduled())
         assert len(engine.finished) <= FINISHED_MEMORY
     elapsed = time.perf_counter() - started
     grown = rss() - before
@@ -159,7 +159,7 @@ def test_100k_distinct_runs_stay_bounded() -> None:
     # 1 s of idle timeout at one run per ms: ~1 000 open runs, never the whole input
     assert peak_runs <= 1_200, peak_runs
     assert peak_schedule <= 2_400, peak_schedule
-    assert len(engine.deadlines) == 0 and not engine.runs
+    assert len(engine.loop.index) == 0 and not engine.runs
     assert len(engine.finished) <= FINISHED_MEMORY
     assert len(engine.normalizer._resources) <= 4097
     assert sink.summaries == 100_000

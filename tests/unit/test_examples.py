@@ -67,7 +67,10 @@ def test_example_matches_its_oracle(name):
     assert sum(r["parallel_duplicate_calls"] for r in runs) == expected["parallel_duplicate_calls"]
     assert all(r["outcome"] == "complete" for r in runs)
     by_trigger = {f["trigger_span_id"]: f for f in expected["findings"]}
+    from alerts.events import EVENT_FIELDS
+
     for event in events:
+        assert tuple(event) == EVENT_FIELDS  # the schema's fields, in its order
         call = by_trigger[event["trigger_span_id"]].get("trigger_call_id")
         if call:
             assert call in event["call_ids"]

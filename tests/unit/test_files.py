@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from detectors.errors import DecodeError
+from streams.errors import DecodeError
 from streams.files import Payload, file_encoding, iter_batches, iter_payloads, write_jsonl, write_pb
 from streams.otlp import proto_to_json_bytes
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
-from detectors.errors import ConfigError, DecodeError
+from detectors.errors import ConfigError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import (
@@ -40,6 +40,7 @@ from detectors.policy import (
 )
 from detectors.state import RunState
 from streams.engine import Engine
+from streams.errors import DecodeError
 from streams.normalize import Normalizer
 from streams.otlp import decode_json, decode_proto, decode_record, proto_to_json_bytes
 from streams.spans import SpanEvent, SpanRecord

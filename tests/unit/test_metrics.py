@@ -50,6 +50,7 @@ def test_fresh_registry_holds_only_loopwatch_metrics(
         "loopwatch_spans_consumed",
         "loopwatch_duplicate_spans",
         "loopwatch_late_spans",
+        "loopwatch_spans_after_finalize",
         "loopwatch_dead_letters",
         "loopwatch_decode_errors",
         "loopwatch_active_runs",
@@ -290,6 +291,7 @@ def test_pipeline_health(registry: CollectorRegistry, metrics: Metrics) -> None:
     metrics.record_consumed("otlp_spans", spans=20, latency_seconds=12.0, now=1_700_000_005.0)
     metrics.duplicate_spans.inc(3)
     metrics.late_spans.inc()
+    metrics.spans_after_finalize.inc(2)
     metrics.dead_letter("decode_error")
     metrics.dead_letter("decode_error")
     metrics.decode_error("truncated_protobuf")
@@ -303,6 +305,7 @@ def test_pipeline_health(registry: CollectorRegistry, metrics: Metrics) -> None:
     assert get("loopwatch_spans_consumed_total") == 300.0
     assert get("loopwatch_duplicate_spans_total") == 3.0
     assert get("loopwatch_late_spans_total") == 1.0
+    assert get("loopwatch_spans_after_finalize_total") == 2.0
     assert get("loopwatch_dead_letters_total", {"reason": "decode_error"}) == 2.0
     assert get("loopwatch_decode_errors_total", {"reason": "truncated_protobuf"}) == 1.0
     assert get("loopwatch_evicted_runs_total", {"reason": "idle_timeout"}) == 1.0

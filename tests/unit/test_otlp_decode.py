@@ -27,7 +27,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from detectors.errors import DecodeError, LoopwatchError
+from detectors.errors import LoopwatchError
+from streams.errors import DecodeError
 from streams.otlp import (
     ANY_VALUE_KINDS,
     SPAN_KINDS,

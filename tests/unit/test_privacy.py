@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from detectors.errors import DecodeError
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
 from streams.cli import format_table
 from streams.engine import Engine, fingerprinter_from_env
+from streams.errors import DecodeError
 from streams.files import write_jsonl, write_pb
 from streams.normalize import Normalizer
 from streams.otlp import decode_json, decode_proto, proto_to_json_bytes

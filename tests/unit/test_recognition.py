@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from detectors import codec
-from detectors import run as pipeline
+from detectors import pipeline
 from detectors.errors import ConfigError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, TOOL, Step
@@ -14,6 +13,7 @@ from detectors.policy import Policy, policy_from_mapping
 from detectors.state import RunState
 from streams.normalize import Normalizer
 from streams.spans import STATUS_ERROR, SpanEvent, SpanRecord
+from streams.worker import codec
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

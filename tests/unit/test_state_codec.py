@@ -1,4 +1,4 @@
-"""The `runs` table's RunState encoding (detectors/codec.py): exact round trips, detection
+"""The `runs` table's RunState encoding (streams/worker/codec.py): exact round trips, detection
 unchanged when every state goes through the codec between batches (as the stream worker's
 state does), format-1 JSON values still readable, corrupt values rejected with DecodeError,
 and the size target of README "Performance" (≤ 2 KiB per active run)."""
@@ -16,17 +16,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import export_messages
-from detectors.codec import FORMAT_PACKED, decode_state, encode_state
-from detectors.errors import DecodeError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy, load_policy
 from detectors.state import RunState
-from streams.app import Envelope, decode_envelope, encode_envelope
 from streams.engine import Engine
+from streams.errors import DecodeError
 from streams.files import iter_batches
 from streams.otlp import decode_proto
 from streams.spans import SpanRecord
+from streams.worker.codec import FORMAT_PACKED, decode_state, encode_state
+from streams.worker.store import Envelope, decode_envelope, encode_envelope
 from tests.spankit import Run, example_policy
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
-"""Helpers for tests that talk to the real local Kafka broker (``scripts/kafka.sh start``).
+"""Helpers for the bench and the broker tests that talk to the real local Kafka broker
+(``scripts/kafka.sh start``): its address, an admin client, topics.
 
 Broker tests never skip: an unreachable broker is an error with the command that fixes it.
 """
@@ -17,7 +18,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
 
 def bootstrap() -> str:
-    """The broker address tests use (``LOOPWATCH_BOOTSTRAP``, else the local dev broker)."""
+    """The broker address (``LOOPWATCH_BOOTSTRAP``, else the local dev broker)."""
     return os.environ.get("LOOPWATCH_BOOTSTRAP", DEFAULT_BOOTSTRAP)
 
 

@@ -8,19 +8,18 @@ import json
 
 import pytest
 
-from streams.app import (
+from streams.worker.api import (
     LOOP_LABELS,
     RUN_LABELS,
     BadRequest,
     aggregate_key,
     check_bearer,
-    dead_letter_key,
-    dead_letter_record,
     merge_rows,
     parse_by,
     parse_since,
     sum_windows,
 )
+from streams.worker.dead_letters import dead_letter_key, dead_letter_record
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The stream worker's pure core (streams/app.py, no faust, no broker): the RunDriver over
+"""The worker's thin driver of the run loop (streams/worker/driver.py, no faust, no broker): RunDriver over
 dict tables with an explicit clock behaves like the replay engine; deadlines, ticks,
 finished markers, eviction and the write-through state cache."""
 
@@ -14,26 +14,20 @@ import pytest
 from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
-from streams.app import (
-    NS,
-    Deadline,
-    DeadlineIndex,
-    Envelope,
-    FinishedIndex,
-    RunDriver,
-    decode_envelope,
-    decode_header,
-    decode_run_groups,
-    decode_steps,
-    encode_envelope,
-    encode_run_groups,
-    encode_steps,
-    group_steps,
-    key_partition,
-    run_view,
-)
+from streams.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.normalize import Normalizer
 from streams.otlp import decode_record
+from streams.runloop import group_steps
+from streams.worker.api import run_view
+from streams.worker.driver import NS, RunDriver
+from streams.worker.formats import (
+    decode_run_groups,
+    decode_steps,
+    encode_run_groups,
+    encode_steps,
+    key_partition,
+)
+from streams.worker.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy
 
@@ -64,6 +58,7 @@ class FakeWorker:
         self.events: list[dict[str, Any]] = []
         self.summaries: list[dict[str, Any]] = []
         self.after_finalize = 0
+        self.late = 0
         self.evicted = 0
         # The input clock steps messages carry (None: keyed input / wall-clock mode).
         self.clock: int | None = None
@@ -72,10 +67,13 @@ class FakeWorker:
         self.events += out.events
         self.summaries += out.summaries
         self.after_finalize += out.spans_after_finalize
+        self.late += out.late_spans
         self.evicted += out.evicted
 
     def feed(self, message: bytes) -> None:
-        by_run, _invalid = group_steps(self.normalizer, decode_record(message, "otlp_proto", "t"))
+        by_run, _invalid, _ = group_steps(
+            self.normalizer, decode_record(message, "otlp_proto", "t")
+        )
         # over the wire and back, like the internal topic
         for run_id, steps in decode_run_groups(encode_run_groups(by_run.items())):
             p = key_partition(run_id.encode(), self.partitions)
@@ -233,6 +231,26 @@ def test_finalization_deadlines_and_late_spans_after_finalize() -> None:
     assert len(worker.summaries) == 1
 
 
+def test_late_spans_and_spans_after_finalize_are_counted_apart() -> None:
+    """`late_spans`: behind steps of the run already released (fed, as in summaries);
+    `spans_after_finalize`: of a run already finished (counted, not fed)."""
+    policy = stream_policy(
+        allowed_lateness_seconds=0, finalize_grace_seconds=2, idle_timeout_seconds=5
+    )
+    run = Run(trace=12)
+    for i in range(3):
+        run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "ok"})
+    run.root()
+    worker = FakeWorker(policy)
+    worker.feed(encode_request(run.spans[1:]))  # released at once (lateness 0)
+    worker.feed(encode_request(run.spans[:1]))  # the first tool call, behind them
+    assert (worker.late, worker.after_finalize) == (1, 0)
+    worker.advance(3)
+    assert [s["late_spans"] for s in worker.summaries] == [1]
+    worker.feed(encode_request(run.spans[:2]))
+    assert (worker.late, worker.after_finalize) == (1, 2)
+
+
 def test_finished_markers_expire() -> None:
 
     policy = stream_policy(finalize_grace_seconds=1, idle_timeout_seconds=5)
@@ -294,7 +312,7 @@ def test_rebuild_after_rebalance_restarts_the_clocks() -> None:
 def test_a_failure_never_leaves_a_half_updated_state_in_the_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from detectors import run as pipeline
+    from detectors import pipeline
 
     policy = stream_policy(idle_timeout_seconds=600)
     run = Run(trace=31)
@@ -390,7 +408,7 @@ def test_wire_formats_round_trip() -> None:
     assert [(r, wire(g)) for r, g in groups] == [("r1", wire(steps)), ("r2", wire(steps[:1]))]
     assert b"A1" not in encode_steps(steps)  # arguments are digests on the wire
 
-    from detectors import run as pipeline
+    from detectors import pipeline
 
     state = pipeline.new_state("r1")
     for step in steps:

@@ -67,8 +67,6 @@ _BY_KIND: dict[str, tuple[Detector, ...]] = {
     SUMMARY: (note_context, budget_exhausted),
 }
 
-OUTCOMES = ("complete", "incomplete_trace", "integrity_error")
-
 
 def new_state(run_id: str) -> RunState:
     return RunState(run_id=run_id)

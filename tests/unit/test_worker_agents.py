@@ -1,15 +1,14 @@
-"""The agent bodies of streams/app.py without a broker: the faust topics and tables of a
-built (never started) LoopwatchService are replaced by recording fakes, and the agents'
-per-message methods are called with fake events."""
+"""The agents of streams/worker/ without a broker or faust: a `Worker` wired to recording
+fake topics, tables and consumer (passed to its constructor), its agents' per-message
+methods called with fake events."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,12 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
-from streams.app import (
-    Abandoned,
-    Deadline,
-    build_app,
+from streams.deadlines import Deadline
+from streams.input_clock import InputClock
+from streams.normalize import Normalizer
+from streams.settings import WorkerSettings
+from streams.worker.delivery import Abandoned
+from streams.worker.formats import (
     decode_run_groups,
     encode_run_groups,
     encode_tick,
@@ -32,8 +33,8 @@ from streams.app import (
     split_to_fit,
     tick_clock,
 )
-from streams.input_clock import InputClock
-from streams.settings import WorkerSettings
+from streams.worker.service import Worker
+from streams.worker.store import Tables
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 
@@ -103,8 +104,8 @@ class FakeStream:
 
 async def acked(service: Any, stream: FakeStream, event: Any, records: Any) -> None:
     """Run the ingest agent's acknowledgement of `event` to its end."""
-    service._ack_when_delivered(stream, event, records)
-    await service._last_ack[event.message.tp]
+    service.ingest.ack_when_delivered(stream, event, records)
+    await service.ingest.last_ack[event.message.tp]
 
 
 class FakeConsumer:
@@ -130,27 +131,58 @@ class FakeTable(dict):  # type: ignore[type-arg]
         super().__setitem__(key, value)
 
 
+@dataclass
+class Fakes:
+    """What a test worker reads and writes instead of faust's objects and the broker."""
+
+    log: list[tuple[str, Any]] = field(default_factory=list)
+    consumer: FakeConsumer = field(default_factory=FakeConsumer)
+    refetchers: dict[str, Any] = field(default_factory=dict)  # by topic
+    stopping: bool = False
+
+
 @pytest.fixture
-def service(tmp_path: Path) -> Any:
-    settings = WorkerSettings.from_env(
-        {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path)}
-    )
-    raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
-    raw["allowed_lateness_seconds"] = 0  # steps are released as they arrive
-    policy = policy_from_mapping(raw, "<test>")
-    svc = build_app(settings, policy, Fingerprinter(b"k"), Metrics(CollectorRegistry()), 4)
-    log: list[tuple[str, Any]] = []
-    svc.log = log
-    svc.steps_topic = FakeTopic("steps", log)
-    svc.events_topic = FakeTopic("events", log)
-    svc.runs_topic = FakeTopic("runs", log)
-    svc.dead_topic = FakeTopic("dead", log)
-    svc.runs = FakeTable("runs", log)
-    svc.finished = FakeTable("finished", log)
-    svc.app.consumer = FakeConsumer()
-    svc.loop_counts = defaultdict(int)
-    svc.run_counts = defaultdict(int)
-    return svc
+def fakes() -> Fakes:
+    return Fakes()
+
+
+@pytest.fixture
+def make(tmp_path: Path, fakes: Fakes) -> Any:
+    """A Worker over `fakes`; keyword arguments are LOOPWATCH_* settings."""
+
+    def build(**env: str) -> Worker:
+        settings = WorkerSettings.from_env(
+            {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path), **env}
+        )
+        raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
+        raw["allowed_lateness_seconds"] = 0  # steps are released as they arrive
+        policy = policy_from_mapping(raw, "<test>")
+        log = fakes.log
+        return Worker(
+            settings,
+            policy,
+            Normalizer(policy, Fingerprinter(b"k")),
+            Metrics(CollectorRegistry()),
+            4,
+            tables=Tables(
+                FakeTable("runs", log),
+                FakeTable("finished", log),
+                defaultdict(int),
+                defaultdict(int),
+            ),
+            topics={name: FakeTopic(name, log) for name in ("steps", "events", "runs", "dead")},
+            consumer=lambda: fakes.consumer,
+            stopping=lambda: fakes.stopping,
+            assigned=lambda: {0, 1, 2, 3},
+            refetcher=lambda topic: fakes.refetchers[topic],
+        )
+
+    return build
+
+
+@pytest.fixture
+def service(make: Any) -> Worker:
+    return make()
 
 
 def looping_run(trace: int) -> Run:
@@ -161,40 +193,42 @@ def looping_run(trace: int) -> Run:
     return run
 
 
-async def test_ingest_then_detect_publishes_before_writing_state(service: Any) -> None:
+async def test_ingest_then_detect_publishes_before_writing_state(
+    service: Any, fakes: Fakes
+) -> None:
     runs = [looping_run(t) for t in (1, 2, 3)]
     record = encode_request([s for r in runs for s in r.spans])
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 7, None, record, 123.0)))
-    sent = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 7, None, record, 123.0)))
+    sent = service.topics["steps"].sent
     assert 1 <= len(sent) <= 3 and all(m["key"] is None for m in sent)
     assert sum(len(json.loads(m["value"])) for m in sent) == 3  # three runs, grouped
     assert all(m["timestamp"] == 123.0 for m in sent)
-    service.log.clear()
+    fakes.log.clear()
     events = [
         Ev(Msg("loopwatch-steps", m["partition"], i, None, m["value"], 123.0))
         for i, m in enumerate(sent)
     ]
-    await service.detect_batch(events)
-    shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
+    await service.detect.batch(events)
+    shapes = [json.loads(m["value"])["shape"] for m in service.topics["events"].sent]
     assert shapes == ["identical_repetition"] * 3
     consumed = service.metrics.registry.get_sample_value(
         "loopwatch_records_consumed_total", {"topic": "loopwatch-steps"}
     )
     assert consumed == len(sent)  # the stall alert needs the steps topic's progress too
-    first_write = service.log.index(("write", "runs"))
-    assert all(entry == ("send", "events") for entry in service.log[:first_write])
-    assert len(service.runs) == 3
-    assert sum(service.loop_counts.values()) == 3
+    first_write = fakes.log.index(("write", "runs"))
+    assert all(entry == ("send", "events") for entry in fakes.log[:first_write])
+    assert len(service.tables.runs) == 3
+    assert sum(service.tables.loop_counts.values()) == 3
 
 
 async def test_undecodable_record_goes_to_the_dead_letters(service: Any) -> None:
-    await service.ingest_record(Ev(Msg("otlp_spans", 2, 41, b"k", b"\x0a\xff\xff garbage")))
-    (dead,) = service.dead_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 2, 41, b"k", b"\x0a\xff\xff garbage")))
+    (dead,) = service.topics["dead"].sent
     headers = dict(dead["headers"])
     assert headers["reason"] == b"decode_error" and headers["source_offset"] == b"41"
     assert headers["source_partition"] == b"2" and headers["source_topic"] == b"otlp_spans"
     assert b"garbage" not in dead["value"]
-    assert service.steps_topic.sent == []
+    assert service.topics["steps"].sent == []
 
 
 async def test_an_unexpected_error_is_an_internal_error_dead_letter(
@@ -205,8 +239,8 @@ async def test_an_unexpected_error_is_an_internal_error_dead_letter(
 
     monkeypatch.setattr(service.normalizer, "step", boom)
     record = encode_request(looping_run(5).spans)
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 9, None, record)))
-    (dead,) = service.dead_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 9, None, record)))
+    (dead,) = service.topics["dead"].sent
     headers = dict(dead["headers"])
     assert headers["reason"] == b"internal_error" and headers["error"] == b"RuntimeError"
     assert all(b"SECRET" not in v for v in headers.values())
@@ -214,55 +248,57 @@ async def test_an_unexpected_error_is_an_internal_error_dead_letter(
 
 async def test_a_bad_steps_message_does_not_stop_the_batch(service: Any) -> None:
     good = encode_request(looping_run(6).spans)
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, good)))
-    (msg,) = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, good)))
+    (msg,) = service.topics["steps"].sent
     events = [
         Ev(Msg("loopwatch-steps", 1, 0, None, b"[not json")),
         Ev(Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"])),
     ]
-    await service.detect_batch(events)
-    assert [dict(d["headers"])["reason"] for d in service.dead_topic.sent] == [b"internal_error"]
-    assert len(service.events_topic.sent) == 1 and len(service.runs) == 1
+    await service.detect.batch(events)
+    assert [dict(d["headers"])["reason"] for d in service.topics["dead"].sent] == [
+        b"internal_error"
+    ]
+    assert len(service.topics["events"].sent) == 1 and len(service.tables.runs) == 1
 
 
 async def test_ticks_finalize_due_runs(service: Any) -> None:
     run = looping_run(7)
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    (msg,) = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.topics["steps"].sent
     p = msg["partition"]
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
-    assert service.runs_topic.sent == []
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    assert service.topics["runs"].sent == []
     deadline = service.driver.index.get(run.trace_id)
     service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
     assert p in service.driver.due_partitions(10**19)
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
-    (summary,) = [json.loads(m["value"]) for m in service.runs_topic.sent]
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
+    (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["run_id"] == run.trace_id and summary["outcome"] == "complete"
-    assert run.trace_id.encode() not in service.runs
-    assert run.trace_id.encode() in service.finished
-    assert sum(service.run_counts.values()) == 1
+    assert run.trace_id.encode() not in service.tables.runs
+    assert run.trace_id.encode() in service.tables.finished
+    assert sum(service.tables.run_counts.values()) == 1
 
 
 async def test_unkeyed_finalization_waits_for_the_input_backlog(service: Any) -> None:
     """The root arrived, its grace passed on the wall clock, but the group has not yet
     processed every input record that existed meanwhile: the run is not finalized."""
     run = looping_run(8)
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    (msg,) = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.topics["steps"].sent
     p = msg["partition"]
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
     now = time.time_ns()
     due_at = now - 5 * 10**9  # due by the wall clock
     service.driver.index.set(run.trace_id, Deadline(p, due_at - 1, None, due_at))
-    clock = service.input_clock = InputClock(start_ns=now - 10 * 10**9)
+    clock = service.clock.input = InputClock(start_ns=now - 10 * 10**9)
     clock.observe(due_at + 1, {0: 500, 1: 20}, {0: 120, 1: 20})  # partition 0 behind
-    assert service.clock_ns() < due_at and clock.behind == 1
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
-    assert service.runs_topic.sent == []  # held: spans may wait in partition 0's backlog
+    assert service.clock.now_ns() < due_at and clock.behind == 1
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
+    assert service.topics["runs"].sent == []  # held: spans may wait in partition 0's backlog
     clock.observe(due_at + 2, {0: 510, 1: 20}, {0: 500, 1: 20})  # first snapshot reached
     assert clock.now_ns == due_at + 1 and clock.behind == 1
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 2, None, b'{"tick":2}'))])
-    (summary,) = [json.loads(m["value"]) for m in service.runs_topic.sent]
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 2, None, b'{"tick":2}'))])
+    (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["run_id"] == run.trace_id
 
 
@@ -270,20 +306,20 @@ async def test_a_tick_judges_deadlines_by_the_clock_it_was_sent_with(service: An
     """A tick sent before the clock reached a run's deadline does not finalize it, however
     late it is handled: steps delivered after the send may be queued behind the tick."""
     run = looping_run(9)
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    (msg,) = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.topics["steps"].sent
     p = msg["partition"]
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
     due_at = time.time_ns() - 5 * 10**9  # due by the wall clock now
     service.driver.index.set(run.trace_id, Deadline(p, due_at - 1, None, due_at))
     assert tick_clock(encode_tick(time.time_ns(), due_at - 1)) == due_at - 1
     early = encode_tick(time.time_ns(), due_at - 1)  # sent when the clock was short of it
-    await service.detect_batch([Ev(Msg("loopwatch-steps", p, 1, None, early))])
-    assert service.runs_topic.sent == [] and run.trace_id.encode() in service.runs
-    await service.detect_batch(
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 1, None, early))])
+    assert service.topics["runs"].sent == [] and run.trace_id.encode() in service.tables.runs
+    await service.detect.batch(
         [Ev(Msg("loopwatch-steps", p, 2, None, encode_tick(time.time_ns(), due_at)))]
     )
-    (summary,) = [json.loads(m["value"]) for m in service.runs_topic.sent]
+    (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["run_id"] == run.trace_id
 
 
@@ -292,28 +328,28 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     clock short of the run's previous arrival vouches for nothing (no release on end
     times), one past it for the run's end time as of then."""
     now = time.time_ns()
-    service.input_clock = InputClock(start_ns=now - 7 * 10**9)
+    service.clock.input = InputClock(start_ns=now - 7 * 10**9)
     run = Run(trace=11)
     for i in range(4):
         run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "pending"})
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    (msg,) = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.topics["steps"].sent
     headers = list(msg["headers"].items())
     stamped = Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"], headers=headers)
     assert sent_clock(stamped) == now - 7 * 10**9
     assert sent_clock(Msg("loopwatch-steps", 0, 0, None, b"[]")) is None  # older workers
-    await service.detect_batch([Ev(stamped)])
+    await service.detect.batch([Ev(stamped)])
     env, state = service.driver.cache[run.trace_id]
     assert env.confirmed_end_ns is None  # a first arrival: nothing vouched for yet
     first_max_end = state.max_end_ns
-    service.input_clock.now_ns = time.time_ns()  # the group got past that arrival
+    service.clock.input.now_ns = time.time_ns()  # the group got past that arrival
     more = Run(trace=11)
     more.tool("lookup_order", {"order_id": "B"}, {"status": "pending"})
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 2, None, encode_request(more.spans))))
-    msg = service.steps_topic.sent[-1]
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 2, None, encode_request(more.spans))))
+    msg = service.topics["steps"].sent[-1]
     headers = list(msg["headers"].items())
     later = Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"], headers=headers)
-    await service.detect_batch([Ev(later)])
+    await service.detect.batch([Ev(later)])
     env = service.driver.cache[run.trace_id][0]
     assert env.confirmed_end_ns == first_max_end
 
@@ -322,12 +358,12 @@ def test_the_input_clock_holds_deadlines_at_most_the_maximum_lag(service: Any) -
     """A partition whose commits stopped (a bug, a lost ack) must not freeze every run:
     deadlines trail the wall clock by at most input_clock_max_lag_seconds."""
     now = time.time_ns()
-    service.input_clock = InputClock(start_ns=now - 5 * 10**9)
-    assert now - 6 * 10**9 < service.clock_ns() <= now - 5 * 10**9  # held: within the cap
-    service.input_clock = InputClock(start_ns=now - 3600 * 10**9)  # stuck for an hour
+    service.clock.input = InputClock(start_ns=now - 5 * 10**9)
+    assert now - 6 * 10**9 < service.clock.now_ns() <= now - 5 * 10**9  # held: within the cap
+    service.clock.input = InputClock(start_ns=now - 3600 * 10**9)  # stuck for an hour
     max_lag = int(service.settings.input_clock_max_lag_seconds * 10**9)
     assert max_lag == 900 * 10**9
-    assert now - max_lag <= service.clock_ns() <= time.time_ns() - max_lag + 10**9
+    assert now - max_lag <= service.clock.now_ns() <= time.time_ns() - max_lag + 10**9
 
 
 def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
@@ -358,60 +394,64 @@ class FakeRefetcher:
         ]
 
 
-async def test_keyed_detect_reads_back_a_record_the_stream_skipped(service: Any) -> None:
+async def test_keyed_detect_reads_back_a_record_the_stream_skipped(
+    service: Any, fakes: Fakes, make: Any
+) -> None:
     """Offsets 5 and 7 reach the agent, 6 never does: 6 is read from the broker and its
     run processed in the same batch (it would be committed with the others)."""
-    service.keyed = True
+    service = make(LOOPWATCH_INPUT_KEYED_BY_RUN="true")
     runs = {o: looping_run(100 + o) for o in (5, 6, 7)}
     records = {o: encode_request(r.spans) for o, r in runs.items()}
-    refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
-    await service.detect_batch([Ev(Msg("otlp_spans", 1, o, None, records[o])) for o in (5, 7)])
+    refetcher = fakes.refetchers["otlp_spans"] = FakeRefetcher(records)
+    await service.detect.batch([Ev(Msg("otlp_spans", 1, o, None, records[o])) for o in (5, 7)])
     assert refetcher.reads == [(1, 6, 7)]
     assert service.counters["refetched_records"] == 1
-    assert len(service.runs) == 3  # the skipped record's run too
-    assert service.app.consumer.acked == [("otlp_spans", 1, 6)]  # or commits stop at 6
-    shapes = [json.loads(m["value"])["shape"] for m in service.events_topic.sent]
+    assert len(service.tables.runs) == 3  # the skipped record's run too
+    assert fakes.consumer.acked == [("otlp_spans", 1, 6)]  # or commits stop at 6
+    shapes = [json.loads(m["value"])["shape"] for m in service.topics["events"].sent]
     assert shapes == ["identical_repetition"] * 3
 
 
-async def test_detect_reads_back_the_first_record_after_an_assignment(service: Any) -> None:
+async def test_detect_reads_back_the_first_record_after_an_assignment(
+    service: Any, fakes: Fakes, make: Any
+) -> None:
     """The partition was sought to committed offset 6, but the first record the stream
     hands over is 7: 6 is read back, processed and acknowledged (faust's own head check
     would commit past it)."""
-    service.keyed = True
+    service = make(LOOPWATCH_INPUT_KEYED_BY_RUN="true")
     runs = {o: looping_run(400 + o) for o in (6, 7)}
     records = {o: encode_request(r.spans) for o, r in runs.items()}
-    refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
-    service.app.consumer._committed_offset[("otlp_spans", 2)] = 6
-    await service.detect_batch([Ev(Msg("otlp_spans", 2, 7, None, records[7]))])
+    refetcher = fakes.refetchers["otlp_spans"] = FakeRefetcher(records)
+    fakes.consumer._committed_offset[("otlp_spans", 2)] = 6
+    await service.detect.batch([Ev(Msg("otlp_spans", 2, 7, None, records[7]))])
     assert refetcher.reads == [(2, 6, 7)]
-    assert len(service.runs) == 2
-    assert service.app.consumer.acked == [("otlp_spans", 2, 6)]
+    assert len(service.tables.runs) == 2
+    assert fakes.consumer.acked == [("otlp_spans", 2, 6)]
 
 
 async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_them(
-    service: Any,
+    service: Any, fakes: Fakes
 ) -> None:
     records = {o: encode_request(looping_run(200 + o).spans) for o in (2, 3, 4, 5)}
-    refetcher = service._refetchers["otlp_spans"] = FakeRefetcher(records)
-    await service.ingest_event(Ev(Msg("otlp_spans", 0, 2, None, records[2])))
-    service.steps_topic.sent.clear()
+    refetcher = fakes.refetchers["otlp_spans"] = FakeRefetcher(records)
+    await service.ingest.event(Ev(Msg("otlp_spans", 0, 2, None, records[2])))
+    service.topics["steps"].sent.clear()
     event = Ev(Msg("otlp_spans", 0, 5, None, records[5]))
-    ingested = await service.ingest_event(event)
+    ingested = await service.ingest.event(event)
     assert refetcher.reads == [(0, 3, 5)]
     assert [record.message.offset for record, _ in ingested] == [3, 4, 5]
     assert all(len(sent) == 1 for _, sent in ingested)
-    forwarded = [json.loads(m["value"]) for m in service.steps_topic.sent]
+    forwarded = [json.loads(m["value"]) for m in service.topics["steps"].sent]
     assert sum(len(groups) for groups in forwarded) == 3  # both skipped runs, then 5's
     stream = FakeStream()
     await acked(service, stream, event, ingested)
-    assert service.app.consumer.acked == [("otlp_spans", 0, 3), ("otlp_spans", 0, 4)]
+    assert fakes.consumer.acked == [("otlp_spans", 0, 3), ("otlp_spans", 0, 4)]
     assert stream.acked == [5]
 
 
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("streams.app.PUBLISH_RETRY_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr("streams.worker.delivery.PUBLISH_RETRY_FIRST_SECONDS", 0.01)
 
 
 def retries(service: Any, stage: str) -> float | None:
@@ -425,11 +465,11 @@ async def test_ingest_sends_steps_again_until_delivered_then_acks(
 ) -> None:
     """A delivery failing after the producer's own retries (a broker outage) used to leave
     the record unacked: its partition's commits stopped until a restart."""
-    service.steps_topic.failures = [KafkaTimeoutError(), KafkaConnectionError()]
+    service.topics["steps"].failures = [KafkaTimeoutError(), KafkaConnectionError()]
     event = Ev(Msg("otlp_spans", 1, 8, None, encode_request(looping_run(7).spans)))
     stream = FakeStream()
-    await acked(service, stream, event, await service.ingest_event(event))
-    first, *again = service.steps_topic.sent
+    await acked(service, stream, event, await service.ingest.event(event))
+    first, *again = service.topics["steps"].sent
     assert len(again) == 2 and all(m["value"] == first["value"] for m in again)
     assert stream.acked == [8]
     assert retries(service, "ingest") == 2
@@ -437,7 +477,7 @@ async def test_ingest_sends_steps_again_until_delivered_then_acks(
         "loopwatch_records_consumed_total", {"topic": "otlp_spans"}
     )
     assert consumed == 1
-    assert service.dead_topic.sent == []
+    assert service.topics["dead"].sent == []
 
 
 async def test_ingest_sends_steps_refused_as_too_large_again_until_accepted(
@@ -446,12 +486,12 @@ async def test_ingest_sends_steps_refused_as_too_large_again_until_accepted(
     """The broker refuses a whole producer batch when a topic's max.message.bytes is below
     it, small messages included: a refusal says nothing about this record alone. It is sent
     again until an operator raises the limit; nothing goes to the dead letters."""
-    service.steps_topic.failures = [MessageSizeTooLargeError(), MessageSizeTooLargeError()]
+    service.topics["steps"].failures = [MessageSizeTooLargeError(), MessageSizeTooLargeError()]
     event = Ev(Msg("otlp_spans", 1, 9, None, encode_request(looping_run(8).spans)))
     stream = FakeStream()
-    await acked(service, stream, event, await service.ingest_event(event))
-    assert len(service.steps_topic.sent) == 3 and stream.acked == [9]
-    assert service.dead_topic.sent == []
+    await acked(service, stream, event, await service.ingest.event(event))
+    assert len(service.topics["steps"].sent) == 3 and stream.acked == [9]
+    assert service.topics["dead"].sent == []
 
 
 async def test_a_send_that_raises_at_once_is_sent_again_not_dead_lettered(
@@ -459,24 +499,24 @@ async def test_a_send_that_raises_at_once_is_sent_again_not_dead_lettered(
 ) -> None:
     """faust raises ProducerSendError at once when the producer's buffer stays full or its
     metadata is unavailable: before, ingest dead-lettered the record as internal_error."""
-    service.steps_topic.refusals = [RuntimeError("buffer full")]
+    service.topics["steps"].refusals = [RuntimeError("buffer full")]
     event = Ev(Msg("otlp_spans", 1, 11, None, encode_request(looping_run(10).spans)))
     stream = FakeStream()
-    await acked(service, stream, event, await service.ingest_event(event))
-    assert len(service.steps_topic.sent) == 1 and stream.acked == [11]
-    assert service.dead_topic.sent == []
+    await acked(service, stream, event, await service.ingest.event(event))
+    assert len(service.topics["steps"].sent) == 1 and stream.acked == [11]
+    assert service.topics["dead"].sent == []
     assert retries(service, "ingest") == 1
 
 
 async def test_ingest_leaves_the_record_unacked_when_the_worker_stops(
-    service: Any, fast_retries: None
+    service: Any, fast_retries: None, fakes: Fakes
 ) -> None:
-    service.steps_topic.failures = [KafkaTimeoutError()]
-    service._stopping = lambda: True
+    service.topics["steps"].failures = [KafkaTimeoutError()]
+    fakes.stopping = True
     event = Ev(Msg("otlp_spans", 1, 10, None, encode_request(looping_run(9).spans)))
     stream = FakeStream()
-    await acked(service, stream, event, await service.ingest_event(event))
-    assert stream.acked == [] and len(service.steps_topic.sent) == 1
+    await acked(service, stream, event, await service.ingest.event(event))
+    assert stream.acked == [] and len(service.topics["steps"].sent) == 1
 
 
 async def test_detect_abandons_a_batch_whose_partitions_were_revoked_meanwhile(
@@ -484,24 +524,24 @@ async def test_detect_abandons_a_batch_whose_partitions_were_revoked_meanwhile(
 ) -> None:
     """Its outputs undelivered across a rebalance, a detect batch must not write the state
     of partitions whose new owner has restored them: it stays unacked, to be redone."""
-    await service.ingest_record(
+    await service.ingest.record(
         Ev(Msg("otlp_spans", 0, 1, None, encode_request(looping_run(34).spans)))
     )
-    (msg,) = service.steps_topic.sent
-    service.events_topic.failures = [KafkaConnectionError()]
+    (msg,) = service.topics["steps"].sent
+    service.topics["events"].failures = [KafkaConnectionError()]
     sleep = asyncio.sleep
 
     async def rebalance_while_waiting(delay: float) -> None:
-        await service._on_revoked(service.app, [])
+        service.revoked([])
         await sleep(0)
 
     monkeypatch.setattr(asyncio, "sleep", rebalance_while_waiting)
     with pytest.raises(Abandoned):
-        await service.detect_batch(
+        await service.detect.batch(
             [Ev(Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"]))]
         )
-    assert len(service.runs) == 0  # no state written for a batch that was not delivered
-    assert sum(service.loop_counts.values()) == 0
+    assert len(service.tables.runs) == 0  # no state written for a batch that was not delivered
+    assert sum(service.tables.loop_counts.values()) == 0
 
 
 async def test_a_failed_acknowledgement_does_not_stop_the_next_ones(service: Any) -> None:
@@ -514,17 +554,17 @@ async def test_a_failed_acknowledgement_does_not_stop_the_next_ones(service: Any
     stream = FlakyStream()
     for offset in (20, 21):
         event = Ev(Msg("otlp_spans", 3, offset, None, encode_request(looping_run(offset).spans)))
-        service._ack_when_delivered(stream, event, await service.ingest_event(event))
-    await service._last_ack[("otlp_spans", 3)]
+        service.ingest.ack_when_delivered(stream, event, await service.ingest.event(event))
+    await service.ingest.last_ack[("otlp_spans", 3)]
     assert stream.acked == [21]
 
 
 async def test_a_resent_dead_letter_is_counted_once(service: Any, fast_retries: None) -> None:
-    service.dead_topic.failures = [KafkaTimeoutError()]
+    service.topics["dead"].failures = [KafkaTimeoutError()]
     event = Ev(Msg("otlp_spans", 2, 12, None, b"\x0a\xff\xff garbage"))
     stream = FakeStream()
-    await acked(service, stream, event, await service.ingest_event(event))
-    assert len(service.dead_topic.sent) == 2 and stream.acked == [12]
+    await acked(service, stream, event, await service.ingest.event(event))
+    assert len(service.topics["dead"].sent) == 2 and stream.acked == [12]
     registry = service.metrics.registry
     assert (
         registry.get_sample_value("loopwatch_dead_letters_total", {"reason": "decode_error"}) == 1
@@ -535,14 +575,14 @@ async def test_a_resent_dead_letter_is_counted_once(service: Any, fast_retries: 
 
 
 async def test_a_captured_dead_letter_refused_as_too_large_goes_without_its_payload(
-    service: Any, fast_retries: None
+    service: Any, fast_retries: None, make: Any
 ) -> None:
-    service.settings = dataclasses.replace(service.settings, dlq_capture_payload=True)
-    service.dead_topic.failures = [MessageSizeTooLargeError()]
+    service = make(LOOPWATCH_DLQ_CAPTURE_PAYLOAD="true")
+    service.topics["dead"].failures = [MessageSizeTooLargeError()]
     event = Ev(Msg("otlp_spans", 2, 13, b"k", b"\x0a\xff\xff garbage"))
     stream = FakeStream()
-    await acked(service, stream, event, await service.ingest_event(event))
-    first, second = service.dead_topic.sent
+    await acked(service, stream, event, await service.ingest.event(event))
+    first, second = service.topics["dead"].sent
     assert b"garbage" in first["value"] and b"garbage" not in second["value"]
     assert stream.acked == [13]
 
@@ -566,13 +606,13 @@ def test_split_to_fit_keeps_every_step_in_order(service: Any) -> None:
 async def test_ingest_splits_steps_over_the_message_limit(
     service: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("streams.app.MAX_STEPS_MESSAGE_BYTES", 2000)
+    monkeypatch.setattr("streams.worker.ingest.MAX_STEPS_MESSAGE_BYTES", 2000)
     run = Run(trace=33)
     for i in range(20):
         run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "pending"})
     run.root()
-    await service.ingest_record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    sent = service.steps_topic.sent
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    sent = service.topics["steps"].sent
     assert len(sent) > 3 and all(len(m["value"]) <= 2000 for m in sent)
     assert len({m["partition"] for m in sent}) == 1
     steps = [s for m in sent for _, group in decode_run_groups(m["value"]) for s in group]
@@ -583,19 +623,19 @@ async def test_detect_publishes_again_what_was_not_delivered(
     service: Any, fast_retries: None
 ) -> None:
     runs = [looping_run(t) for t in (11, 12, 13)]
-    await service.ingest_record(
+    await service.ingest.record(
         Ev(Msg("otlp_spans", 0, 1, None, encode_request([s for r in runs for s in r.spans])))
     )
     steps = [
         Ev(Msg("loopwatch-steps", m["partition"], i, None, m["value"]))
-        for i, m in enumerate(service.steps_topic.sent)
+        for i, m in enumerate(service.topics["steps"].sent)
     ]
-    service.events_topic.failures = [KafkaConnectionError()]
-    await service.detect_batch(steps)
-    sent = [json.loads(m["value"])["run_id"] for m in service.events_topic.sent]
+    service.topics["events"].failures = [KafkaConnectionError()]
+    await service.detect.batch(steps)
+    sent = [json.loads(m["value"])["run_id"] for m in service.topics["events"].sent]
     assert len(sent) == 4 and sent[0] in sent[1:]  # the failed one, sent again
     assert retries(service, "detect") == 1
-    assert sum(service.loop_counts.values()) == 3  # counted once each, after delivery
+    assert sum(service.tables.loop_counts.values()) == 3  # counted once each, after delivery
     counted = [
         sample.value
         for metric in service.metrics.registry.collect()
@@ -604,41 +644,74 @@ async def test_detect_publishes_again_what_was_not_delivered(
         if sample.name == "loopwatch_loop_events_total"
     ]
     assert sum(counted) == 3
-    assert len(service.runs) == 3
+    assert len(service.tables.runs) == 3
 
 
-async def test_detect_reads_back_a_steps_message_the_stream_skipped(service: Any) -> None:
+async def test_detect_reads_back_a_steps_message_the_stream_skipped(
+    service: Any, fakes: Fakes
+) -> None:
     """Unkeyed: the steps topic is tracked too. Steps messages 10 and 12 of a partition
     reach the agent, 11 (another run's steps) never does: it is read back and processed; a
     skipped tick is not replayed."""
     steps: dict[int, bytes] = {}
     for offset, trace in ((10, 301), (11, 302), (12, 303)):
-        await service.ingest_record(
+        await service.ingest.record(
             Ev(Msg("otlp_spans", 0, offset, None, encode_request(looping_run(trace).spans)))
         )
-        (msg,) = service.steps_topic.sent
-        service.steps_topic.sent.clear()
+        (msg,) = service.topics["steps"].sent
+        service.topics["steps"].sent.clear()
         steps[offset] = encode_run_groups(decode_run_groups(msg["value"]))
     steps[13] = b'{"tick":1}'
-    refetcher = service._refetchers["loopwatch-steps"] = FakeRefetcher(steps, "loopwatch-steps")
-    await service.detect_batch([Ev(Msg("loopwatch-steps", 2, o, None, steps[o])) for o in (10, 12)])
+    refetcher = fakes.refetchers["loopwatch-steps"] = FakeRefetcher(steps, "loopwatch-steps")
+    await service.detect.batch([Ev(Msg("loopwatch-steps", 2, o, None, steps[o])) for o in (10, 12)])
     assert refetcher.reads == [(2, 11, 12)]
     assert service.counters["refetched_records"] == 1
-    assert len(service.runs) == 3  # the skipped message's run too
-    assert service.app.consumer.acked == [("loopwatch-steps", 2, 11)]
-    await service.detect_batch([Ev(Msg("loopwatch-steps", 2, 14, None, steps[13]))])
+    assert len(service.tables.runs) == 3  # the skipped message's run too
+    assert fakes.consumer.acked == [("loopwatch-steps", 2, 11)]
+    await service.detect.batch([Ev(Msg("loopwatch-steps", 2, 14, None, steps[13]))])
     assert refetcher.reads[-1] == (2, 13, 14)  # the skipped tick, read and dropped
     assert service.counters["refetched_records"] == 2
-    assert service.dead_topic.sent == []
+    assert service.topics["dead"].sent == []
 
 
 async def test_a_missing_faust_internal_for_the_head_check_is_said_once(
-    service: Any, caplog: pytest.LogCaptureFixture
+    service: Any, caplog: pytest.LogCaptureFixture, fakes: Fakes
 ) -> None:
-    del service.app.consumer._committed_offset  # as a faust upgrade might
+    del fakes.consumer._committed_offset  # as a faust upgrade might
     for offset in (1, 2):
         record = encode_request(looping_run(400 + offset).spans)
-        await service.ingest_event(Ev(Msg("otlp_spans", 0, offset, None, record)))
+        await service.ingest.event(Ev(Msg("otlp_spans", 0, offset, None, record)))
     warnings = [r for r in caplog.records if "_committed_offset" in r.getMessage()]
     assert len(warnings) == 1
-    assert len(service.steps_topic.sent) == 2  # ingest goes on
+    assert len(service.topics["steps"].sent) == 2  # ingest goes on
+
+
+def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Path) -> None:
+    """build_app (never started: no broker) hands faust's topics and tables to a Worker."""
+    from streams.worker.service import build_app
+
+    def built(**env: str) -> Any:
+        settings = WorkerSettings.from_env(
+            {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path), **env}
+        )
+        policy = policy_from_mapping(
+            yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text()), "<test>"
+        )
+        return build_app(settings, policy, Fingerprinter(b"k"), Metrics(CollectorRegistry()), 4)
+
+    svc = built()
+    assert list(svc.app.agents) == ["ingest", "detect"]
+    assert {name: t.get_topic_name() for name, t in svc.worker.topics.items()} == {
+        "steps": "loopwatch-steps",
+        "events": "loop_detected",
+        "runs": "loop_runs",
+        "dead": "loopwatch-dead-letters",
+    }
+    assert svc.worker.tables.runs is svc.runs and svc.worker.tables.finished is svc.finished
+    assert svc.worker.clock.input is not None  # unkeyed: the input clock is on
+    keyed = built(LOOPWATCH_INPUT_KEYED_BY_RUN="true")
+    assert list(keyed.app.agents) == ["detect"]  # no hop
+    assert keyed.worker.clock.input is None and keyed.detect_topic_names == {
+        "otlp_spans",
+        "loopwatch-steps",
+    }

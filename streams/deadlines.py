@@ -1,0 +1,152 @@
+"""In-memory schedules of the run loop (streams/runloop.py); the worker rebuilds them from its
+tables on every partition assignment:
+`DeadlineIndex` (when each live run is next due: release after lateness, finalization
+after grace or idle time, eviction past LOOPWATCH_MAX_ACTIVE_RUNS) and `FinishedIndex`
+(finished-run markers, oldest first, for their TTL)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Deadline:
+    partition: int
+    seen_ns: int
+    release_at: int | None  # buffered steps become ready (run clock passed the lateness)
+    finalize_at: int  # root ended + grace, or idle timeout
+    evict: bool = False
+
+    @property
+    def due(self) -> int:
+        if self.evict:
+            return 0
+        if self.release_at is not None and self.release_at < self.finalize_at:
+            return self.release_at
+        return self.finalize_at
+
+
+class DeadlineIndex:
+    """In-memory wall-clock schedule of the live runs of this worker, per partition.
+
+    Rebuilt from the `runs` table headers on partition assignment; lazy-deletion heaps.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Deadline] = {}
+        self._heaps: dict[int, list[tuple[int, str]]] = {}
+        self.evicting = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self.entries
+
+    def get(self, run_id: str) -> Deadline | None:
+        return self.entries.get(run_id)
+
+    def set(self, run_id: str, deadline: Deadline) -> None:
+        old = self.entries.get(run_id)
+        if old is not None and old.evict:
+            deadline.evict = True  # stays marked until the eviction happens
+        self.entries[run_id] = deadline
+        heapq.heappush(self._heaps.setdefault(deadline.partition, []), (deadline.due, run_id))
+
+    def remove(self, run_id: str) -> None:
+        old = self.entries.pop(run_id, None)
+        if old is not None and old.evict:
+            self.evicting -= 1
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._heaps.clear()
+        self.evicting = 0
+
+    def _top(self, partition: int) -> tuple[int, str] | None:
+        heap = self._heaps.get(partition)
+        while heap:
+            due, run_id = heap[0]
+            entry = self.entries.get(run_id)
+            if entry is not None and entry.partition == partition and entry.due == due:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def next_due(self, partition: int) -> int | None:
+        top = self._top(partition)
+        return None if top is None else top[0]
+
+    def partitions(self) -> list[int]:
+        return list(self._heaps)
+
+    def scheduled(self) -> int:
+        """Entries in the heaps, stale ones included (what the schedule holds in memory)."""
+        return sum(len(heap) for heap in self._heaps.values())
+
+    def pop_due(self, partition: int, now_ns: int) -> list[str]:
+        """Run ids of `partition` whose deadline passed (removed from the heap, kept in
+        `entries`: the caller finalizes, reschedules or removes each one)."""
+        out: list[str] = []
+        while True:
+            top = self._top(partition)
+            if top is None or top[0] > now_ns:
+                return out
+            heapq.heappop(self._heaps[partition])
+            out.append(top[1])
+
+    def mark_evictions(self, max_active: int, now_ns: int) -> int:
+        """Mark the oldest idle runs beyond `max_active` for eviction; returns how many."""
+        excess = len(self.entries) - self.evicting - max_active
+        if excess <= 0:
+            return 0
+        candidates = heapq.nsmallest(
+            excess,
+            ((d.seen_ns, run_id) for run_id, d in self.entries.items() if not d.evict),
+        )
+        for _seen, run_id in candidates:
+            entry = self.entries[run_id]
+            entry.evict = True
+            self.evicting += 1
+            heapq.heappush(self._heaps.setdefault(entry.partition, []), (0, run_id))
+        return len(candidates)
+
+
+class FinishedIndex:
+    """Finished-run markers per partition, oldest first, for TTL cleanup."""
+
+    def __init__(self) -> None:
+        self._by_partition: dict[int, deque[tuple[int, str]]] = {}
+        self.size = 0
+
+    def add(self, partition: int, finished_ns: int, run_id: str) -> None:
+        self._by_partition.setdefault(partition, deque()).append((finished_ns, run_id))
+        self.size += 1
+
+    def clear(self) -> None:
+        self._by_partition.clear()
+        self.size = 0
+
+    def rebuild(self, items: Iterable[tuple[int, int, str]]) -> None:
+        """items: (partition, finished_ns, run_id)."""
+        self.clear()
+        for partition, finished_ns, run_id in sorted(items, key=lambda x: (x[0], x[1])):
+            self.add(partition, finished_ns, run_id)
+
+    def oldest(self, partition: int) -> int | None:
+        q = self._by_partition.get(partition)
+        return q[0][0] if q else None
+
+    def partitions(self) -> list[int]:
+        return [p for p, q in self._by_partition.items() if q]
+
+    def pop_expired(self, partition: int, cutoff_ns: int) -> list[str]:
+        q = self._by_partition.get(partition)
+        out = []
+        while q and q[0][0] <= cutoff_ns:
+            out.append(q.popleft()[1])
+            self.size -= 1
+        return out

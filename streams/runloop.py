@@ -1,0 +1,284 @@
+"""One run loop for both drivers: steps of runs in, findings and summaries out, deadlines
+scheduled. `loopwatch replay` (streams/engine.py) and the worker (streams/worker/driver.py)
+both call it and re-implement none of it; they differ in where bytes come from, where state
+lives and what the clock is:
+
+* the store (`RunStore`): a dict (`MemoryStore`, replay) or the worker's tables with their
+  envelope encoding, write-through cache and pending writes (streams/worker/store.py);
+* the clock: ``now_ns`` is passed to every call, the replay's event-time watermark or the
+  worker's wall / input clock;
+* the sink (`Sink`): where events, summaries and counts go.
+
+Per run: dedup, reorder and detect with the pure pipeline (detectors/pipeline.py) on
+arrival; release what the run's event time (or what an input clock vouches for) allows;
+schedule its deadline: finalization `finalize_grace_seconds` after the last arrival once
+the root span ended, else `idle_timeout_seconds`; with a release timer (the worker: no new
+span may come to release buffered steps), also a release `allowed_lateness_seconds` after
+the last arrival. A run past its deadline is released, or finalized into its summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from alerts.events import build_event
+from detectors import pipeline
+from detectors.model import Step
+from detectors.policy import Policy
+from detectors.state import RunState
+from streams.deadlines import Deadline, DeadlineIndex
+from streams.errors import DecodeError
+from streams.normalize import STEP_ERRORS, Normalizer
+
+log = logging.getLogger("loopwatch.worker")
+
+NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class Envelope:
+    """What the loop keeps about a run beside its state (in the worker, the header of its
+    `runs` table value): when it last arrived, by the driver's clock, and what the
+    deadline index needs."""
+
+    partition: int
+    seen_ns: int  # clock at the run's latest arrival (its deadlines' anchor)
+    first_ns: int  # clock at the run's first arrival
+    max_end_ns: int
+    root_end_ns: int | None
+    pending: int
+    # Unkeyed input with the input clock (see RunLoop.apply): the run's event time the
+    # clock has vouched for (None until then, and always with keyed input), and the
+    # arrival waiting for it: (clock, the run's latest end as of then).
+    confirmed_end_ns: int | None = None
+    candidate: tuple[int, int] | None = None
+
+    def vouch(self, clock_ns: int) -> None:
+        """The input clock reached `clock_ns`: everything produced before then is ahead of
+        the message or tick carrying it, so the candidate arrival's event time is safe."""
+        if self.candidate is not None and clock_ns >= self.candidate[0]:
+            self.confirmed_end_ns = max(self.confirmed_end_ns or 0, self.candidate[1])
+            self.candidate = None
+
+    def refresh(self, state: RunState) -> None:
+        """The fields taken from the run's state."""
+        self.max_end_ns = state.max_end_ns
+        self.root_end_ns = state.root_end_ns
+        self.pending = len(state.pending)
+
+
+class Sink(Protocol):
+    """Where the loop's outputs go, in the order they are found."""
+
+    def event(self, event: dict[str, Any]) -> None: ...
+    def summary(self, summary: dict[str, Any]) -> None: ...
+    def started(self) -> None: ...  # a new run
+    def counted(self, duplicate_spans: int, late_spans: int) -> None: ...
+    def after_finalize(self, spans: int) -> None: ...  # spans of a finished run: not fed
+    def evicted_run(self) -> None: ...  # a run finalized early for capacity
+
+
+class RunStore(Protocol):
+    def load(self, run_id: str) -> tuple[Envelope, RunState] | None: ...
+    def save(self, run_id: str, env: Envelope, state: RunState) -> None: ...
+    def finish(self, run_id: str, partition: int, now_ns: int) -> None: ...
+    def is_finished(self, run_id: str) -> bool: ...
+
+
+class MemoryStore:
+    """Run states in dicts (the replay). Finished runs: the latest `finished_memory` run
+    ids, to count spans arriving after their run's end."""
+
+    def __init__(self, finished_memory: int) -> None:
+        self.states: dict[str, RunState] = {}
+        self.envelopes: dict[str, Envelope] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.finished_memory = finished_memory
+
+    def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
+        state = self.states.get(run_id)
+        return None if state is None else (self.envelopes[run_id], state)
+
+    def save(self, run_id: str, env: Envelope, state: RunState) -> None:
+        self.states[run_id] = state
+        self.envelopes[run_id] = env
+
+    def finish(self, run_id: str, partition: int, now_ns: int) -> None:
+        self.states.pop(run_id, None)
+        self.envelopes.pop(run_id, None)
+        self.finished[run_id] = None
+        if len(self.finished) > self.finished_memory:
+            self.finished.popitem(last=False)
+
+    def is_finished(self, run_id: str) -> bool:
+        return run_id in self.finished
+
+
+def group_steps(
+    normalizer: Normalizer,
+    spans: Iterable[Any],
+    on_invalid: Callable[[Any, Exception], None] | None = None,
+) -> tuple[dict[str, list[Step]], int, int]:
+    """Normalize a decoded batch and group its steps by run id (first-seen order). Returns
+    (steps by run, invalid spans skipped, the latest end time of the steps)."""
+    by_run: dict[str, list[Step]] = {}
+    invalid = 0
+    max_end = 0
+    step_of = normalizer.step
+    for span in spans:
+        try:
+            step = step_of(span)
+        except STEP_ERRORS as exc:
+            invalid += 1
+            if on_invalid is not None:
+                on_invalid(span, exc)
+            continue
+        by_run.setdefault(step.run_id, []).append(step)
+        if step.end_ns > max_end:
+            max_end = step.end_ns
+    return by_run, invalid, max_end
+
+
+class RunLoop:
+    """Per-run apply, release, deadline choice, finalization and event building over a
+    `RunStore`. `release_timer`: schedule releases of buffered steps (the worker; the
+    replay releases them on the run's next arrival or at its end). `tick_ns`: how long a
+    release blocked by ordering waits before it is tried again."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        store: RunStore,
+        *,
+        release_timer: bool,
+        tick_ns: int = NS,
+    ) -> None:
+        self.policy = policy
+        self.store = store
+        self.release_timer = release_timer
+        self.tick_ns = tick_ns
+        self.index = DeadlineIndex()
+        self._lateness_ns = int(policy.allowed_lateness_seconds * NS)
+        self._grace_ns = int(policy.finalize_grace_seconds * NS)
+        self._idle_ns = int(policy.idle_timeout_seconds * NS)
+
+    def deadline_for(self, env: Envelope) -> Deadline:
+        seen = env.seen_ns
+        release_at = seen + self._lateness_ns if self.release_timer and env.pending else None
+        # root ended: grace from the last arrival; else the idle timeout
+        finalize_at = seen + (self._grace_ns if env.root_end_ns is not None else self._idle_ns)
+        return Deadline(env.partition, seen, release_at, finalize_at)
+
+    def apply(
+        self,
+        partition: int,
+        run_id: str,
+        batches: list[tuple[list[Step], int | None]],
+        now_ns: int,
+        sink: Sink,
+    ) -> None:
+        """Steps of one run, from one or more deliveries in arrival order, each with the
+        input clock it was sent at (None: the steps arrive in export order, as in a replay
+        or on keyed input). Nothing is stored unless it succeeds.
+
+        Release at arrival: a run's spans on unkeyed input come from several input
+        partitions, one possibly far behind, so a span with a late end time can arrive
+        before earlier ones and its end time must not release them. The event time used
+        is then only what the input clock vouches for: the run's latest end as of an
+        earlier arrival (the candidate), once a message or tick sent at an input clock
+        past that arrival comes in (everything produced before then has been forwarded,
+        ahead of it). This holds when an exporter sends a trace's spans within
+        `allowed_lateness` of their order, the assumption the replay makes about arrival
+        order. One candidate at a time: confirmation trails arrivals by about the input
+        clock's lag, however often the run's messages come."""
+        store = self.store
+        loaded = store.load(run_id)
+        if loaded is None:
+            if store.is_finished(run_id):
+                sink.after_finalize(sum(len(steps) for steps, _ in batches))
+                return
+            state = pipeline.new_state(run_id)
+            env = Envelope(partition, now_ns, now_ns, 0, None, 0)
+            sink.started()
+        else:
+            env, state = loaded
+        policy = self.policy
+        before_dup, before_late = state.duplicate_spans, state.late_spans
+        findings = []
+        for steps, sent_clock in batches:
+            watermark = None  # the run's own latest end: arrivals are in export order
+            if sent_clock is not None:
+                env.vouch(sent_clock)
+                watermark = env.confirmed_end_ns or 0
+            for step in steps:
+                findings.extend(pipeline.ingest(policy, state, step))
+            findings.extend(pipeline.release(policy, state, watermark))
+            if sent_clock is not None and (env.candidate is None or env.candidate[0] == now_ns):
+                env.candidate = (now_ns, state.max_end_ns)
+        for finding in findings:
+            sink.event(build_event(finding, run_id, policy))
+        sink.counted(state.duplicate_spans - before_dup, state.late_spans - before_late)
+        env.partition, env.seen_ns = partition, now_ns
+        env.refresh(state)
+        store.save(run_id, env, state)
+        self.index.set(run_id, self.deadline_for(env))
+
+    def due(self, partition: int, now_ns: int, sink: Sink) -> None:
+        """Releases, finalizations and evictions of `partition` due by `now_ns`."""
+        policy = self.policy
+        index = self.index
+        for run_id in index.pop_due(partition, now_ns):
+            deadline = index.get(run_id)
+            try:
+                loaded = self.store.load(run_id)
+            except (DecodeError, ValueError, KeyError, TypeError):
+                log.exception("runs table: unreadable state of run %s left alone", run_id)
+                loaded = None
+            if deadline is None or loaded is None:
+                index.remove(run_id)
+                continue
+            env, state = loaded
+            if deadline.evict or deadline.finalize_at <= now_ns:
+                self.finalize(run_id, partition, state, now_ns, sink)
+                if deadline.evict:
+                    sink.evicted_run()
+                continue
+            # Release: the run clock is its event time advanced by the time since its last
+            # span arrived. Past that arrival, the clock vouches for all of it.
+            env.vouch(now_ns)
+            if now_ns >= env.seen_ns:
+                env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
+            watermark = state.max_end_ns + (now_ns - env.seen_ns)
+            for finding in pipeline.release(policy, state, watermark):
+                sink.event(build_event(finding, run_id, policy))
+            env.refresh(state)
+            self.store.save(run_id, env, state)
+            nxt = self.deadline_for(env)
+            if nxt.release_at is not None and nxt.release_at <= now_ns:
+                nxt.release_at = now_ns + self.tick_ns  # blocked by ordering: retry later
+            index.set(run_id, nxt)
+
+    def finalize(
+        self, run_id: str, partition: int, state: RunState, now_ns: int, sink: Sink
+    ) -> None:
+        """Flush the run's buffer, then its summary; the run is finished."""
+        policy = self.policy
+        findings, summary = pipeline.finalize(policy, state)
+        for finding in findings:
+            sink.event(build_event(finding, run_id, policy))
+        sink.summary(summary)
+        self.store.finish(run_id, partition, now_ns)
+        self.index.remove(run_id)
+
+    def close(self, run_ids: Iterable[str], now_ns: int, sink: Sink) -> None:
+        """End of input: finalize these runs in this order, whatever their deadlines."""
+        for run_id in run_ids:
+            loaded = self.store.load(run_id)
+            if loaded is not None:
+                env, state = loaded
+                self.finalize(run_id, env.partition, state, now_ns, sink)
+        self.index.clear()

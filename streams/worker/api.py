@@ -1,0 +1,171 @@
+"""The on-call API's pure parts: query parameters, the windowed count tables' keys and
+sums, the /runs/{run_id} view of a run's state, the bearer token check. The faust views
+that serve them: streams/worker/views.py."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from alerts.events import event_id
+from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
+from streams.worker.store import decode_envelope
+
+NS = 1_000_000_000
+# Labels of the /loops and /runs aggregates (order = the row fields).
+LOOP_LABELS = ("shape", "prompt_version", "tool_version")
+RUN_LABELS = ("prompt_version", "outcome", "termination_reason")
+MAX_SINCE_SECONDS = 366 * 86400  # as `loopwatch query`; counters keep 24 h
+_SINCE_RE = re.compile(r"^([0-9]{1,9})([smhd]?)$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class BadRequest(ValueError):
+    """A malformed query parameter (HTTP 400)."""
+
+
+class PeerError(RuntimeError):
+    """Another worker did not answer its share of an aggregate (HTTP 503)."""
+
+
+def parse_since(text: str | None, default: str = "1h") -> tuple[str, int]:
+    """'90s', '15m', '1h', '7d' (a bare number is seconds) -> seconds, 1 s .. 366 d.
+
+    The windowed counters keep 24 h, so a longer window covers what is kept."""
+    raw = (text if text is not None else default).strip()
+    m = _SINCE_RE.match(raw)
+    if not m:
+        raise BadRequest(f"since={raw!r}: expected a positive duration like 90s, 15m, 1h or 1d")
+    seconds = int(m.group(1)) * _UNIT[m.group(2)]
+    if seconds <= 0 or seconds > MAX_SINCE_SECONDS:
+        raise BadRequest(f"since={raw!r}: must be between 1s and 366d")
+    return raw, seconds
+
+
+def parse_by(text: str | None) -> list[str]:
+    if text is None:
+        return list(LOOP_LABELS)
+    labels = [part.strip() for part in text.split(",")]
+    if not labels or any(not part for part in labels):
+        raise BadRequest(
+            f"by={text!r}: expected a comma-separated subset of {','.join(LOOP_LABELS)}"
+        )
+    unknown = [label for label in labels if label not in LOOP_LABELS]
+    if unknown:
+        raise BadRequest(f"by: unknown label {unknown[0]!r}; labels: {', '.join(LOOP_LABELS)}")
+    if len(set(labels)) != len(labels):
+        raise BadRequest(f"by={text!r}: a label is repeated")
+    return labels
+
+
+def aggregate_key(labels: Iterable[Any], partition: int) -> str:
+    """Windowed count table key: the labels plus the partition (each partition keeps its own
+    counter: a key updated from two partitions would otherwise collide in the store)."""
+    return json.dumps([*labels, partition], separators=(",", ":"))
+
+
+def iter_window_counts(items: Iterable[tuple[Any, Any]]) -> Iterator[tuple[list[Any], float, int]]:
+    """Raw windowed-table items -> (labels, window end, count). Keys are
+    (key, (start, end)) tuples (memory store) or their JSON lists (rocksdb)."""
+    for key, value in items:
+        try:
+            label_key, window = key
+            _start, end = window
+            labels = json.loads(label_key)[:-1]
+            count = int(value)
+        except (TypeError, ValueError):
+            continue
+        yield labels, float(end), count
+
+
+def sum_windows(
+    items: Iterable[tuple[Any, Any]],
+    names: tuple[str, ...],
+    by: list[str],
+    since_seconds: int,
+    now: float,
+    value_name: str,
+) -> list[dict[str, Any]]:
+    cutoff = now - since_seconds
+    totals: dict[tuple[Any, ...], int] = {}
+    positions = [names.index(label) for label in by]
+    for labels, end, count in iter_window_counts(items):
+        if end < cutoff or len(labels) != len(names):
+            continue
+        group = tuple(labels[i] for i in positions)
+        totals[group] = totals.get(group, 0) + count
+    rows = [{**dict(zip(by, group, strict=True)), value_name: n} for group, n in totals.items()]
+    rows.sort(key=lambda r: (-r[value_name], json.dumps([r[b] for b in by])))
+    return rows
+
+
+def merge_rows(
+    rows: Iterable[dict[str, Any]], by: list[str], value_name: str
+) -> list[dict[str, Any]]:
+    totals: dict[tuple[Any, ...], int] = {}
+    for row in rows:
+        group = tuple(row.get(b) for b in by)
+        totals[group] = totals.get(group, 0) + int(row.get(value_name, 0))
+    out = [{**dict(zip(by, g, strict=True)), value_name: n} for g, n in totals.items()]
+    out.sort(key=lambda r: (-r[value_name], json.dumps([r[b] for b in by])))
+    return out
+
+
+def run_view(run_id: str, raw: bytes | None, finished: bool) -> dict[str, Any]:
+    """GET /runs/{run_id}: bounded state, digests only."""
+    if raw is None:
+        return {
+            "run_id": run_id,
+            "found": False,
+            "finished": finished,
+            "state": None,
+            "steps": [],
+            "findings": [],
+        }
+    env, state = decode_envelope(raw)
+    findings = []
+    for marker in state.fired:
+        shape, _, key = marker.partition("|")
+        findings.append({"shape": shape, "episode": key, "event_id": event_id(run_id, shape, key)})
+    return {
+        "run_id": run_id,
+        "found": True,
+        "finished": finished,
+        "state": {
+            "steps": state.position,
+            "tool_calls": state.tool_calls,
+            "spans": state.spans,
+            "duplicate_spans": state.duplicate_spans,
+            "late_spans": state.late_spans,
+            "pending": len(state.pending),
+            "shapes": list(state.shapes),
+            "prompt_version": state.prompt_version,
+            "agent_name": state.agent_name,
+            "termination": state.termination,
+            "root_seen": state.root_seen,
+            "last_span_arrived_at": round(env.seen_ns / NS, 3),
+        },
+        "steps": [
+            {
+                "position": entry[WIN_POS],
+                "span_id": entry[WIN_SPAN],
+                "tool_name": entry[WIN_TOOL],
+                "action_fp": entry[WIN_ACTION],
+                "outcome_digest": entry[WIN_OUTCOME],
+                "error_code": entry[WIN_CODE],
+            }
+            for entry in state.window
+        ],
+        "findings": findings,
+    }
+
+
+def check_bearer(header: str | None, token: str | None) -> bool:
+    if not token:
+        return True
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[7:].strip().encode(), token.encode())

@@ -1,0 +1,187 @@
+"""`RunDriver`: the detect agent's logic over the `runs` and `finished` tables, no faust, no
+broker: the shared run loop (streams/runloop.py) over a `TableStore`, with the worker's
+clock passed in, a release timer, evictions past LOOPWATCH_MAX_ACTIVE_RUNS and the finished
+markers' TTL.
+
+Table writes stay pending until the caller has published the batch's outputs
+(`take_writes`): a state whose fired markers reached the changelog never belongs to an
+event that was not delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from detectors.model import Step
+from detectors.policy import Policy
+from detectors.state import RunState
+from streams.deadlines import DeadlineIndex, FinishedIndex
+from streams.runloop import NS, Envelope, RunLoop
+from streams.worker.formats import key_text
+from streams.worker.store import Table, TableStore, decode_finished, decode_header
+
+log = logging.getLogger("loopwatch.worker")
+
+__all__ = ["NS", "Outputs", "RunDriver"]
+
+
+@dataclass(slots=True)
+class Outputs:
+    """What one run's steps or one tick produced (the run loop's sink)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    evicted: int = 0
+    spans_after_finalize: int = 0  # of runs already finished: counted, not fed
+    late_spans: int = 0  # behind released steps of their run (out of order): still fed
+    duplicate_spans: int = 0
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        self.summaries.append(summary)
+
+    def started(self) -> None:
+        pass
+
+    def counted(self, duplicate_spans: int, late_spans: int) -> None:
+        self.duplicate_spans += duplicate_spans
+        self.late_spans += late_spans
+
+    def after_finalize(self, spans: int) -> None:
+        self.spans_after_finalize += spans
+
+    def evicted_run(self) -> None:
+        self.evicted += 1
+
+
+class RunDriver:
+    """The run loop with the worker's store and schedules. Clock values are passed in."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        finished_ttl_seconds: float = 3600.0,
+        max_active_runs: int = 200_000,
+        tick_seconds: float = 1.0,
+        cache_size: int = 10_000,
+    ) -> None:
+        self.policy = policy
+        self.store = TableStore(cache_size)
+        self.loop = RunLoop(policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS))
+        self.max_active_runs = max_active_runs
+        self.finished_ttl_ns = int(finished_ttl_seconds * NS)
+
+    @property
+    def index(self) -> DeadlineIndex:
+        return self.loop.index
+
+    @property
+    def finished_index(self) -> FinishedIndex:
+        return self.store.finished_index
+
+    @property
+    def cache(self) -> OrderedDict[str, tuple[Envelope, RunState]]:
+        return self.store.cache
+
+    @property
+    def state_writes(self) -> int:
+        return self.store.state_writes
+
+    # ------------------------------------------------------------------ scheduling
+
+    def rebuild(
+        self,
+        runs: Iterable[tuple[bytes, bytes]],
+        finished: Iterable[tuple[bytes, bytes]],
+        partitions: set[int] | None,
+        now_ns: int,
+    ) -> None:
+        """Rebuild the in-memory indexes from the tables (after partition assignment).
+
+        Downtime does not count against a run: its clock restarts at `now_ns`, so a worker
+        catching up a backlog does not finalize runs whose spans are still queued.
+        """
+        index = self.loop.index
+        index.clear()
+        self.store.cache.clear()  # (writes of a batch still in flight stay pending: they
+        for key, raw in runs:  # belong to outputs that are being published)
+            try:
+                env = decode_header(raw)
+            except (ValueError, KeyError, TypeError):
+                log.warning("runs table: unreadable entry for %r skipped", key_text(key))
+                continue
+            if partitions is not None and env.partition not in partitions:
+                continue
+            env.seen_ns = max(env.seen_ns, now_ns)
+            index.set(key_text(key), self.loop.deadline_for(env))
+        items = []
+        for key, raw in finished:
+            try:
+                finished_ns, partition = decode_finished(raw)
+            except (ValueError, TypeError):
+                continue
+            if partitions is None or partition in partitions:
+                items.append((partition, finished_ns, key_text(key)))
+        self.store.finished_index.rebuild(items)
+
+    def due_partitions(self, now_ns: int) -> set[int]:
+        """Partitions with work for a tick: due runs or finished markers past their TTL."""
+        index = self.loop.index
+        index.mark_evictions(self.max_active_runs, now_ns)
+        due = set()
+        for p in index.partitions():
+            at = index.next_due(p)
+            if at is not None and at <= now_ns:
+                due.add(p)
+        cutoff = now_ns - self.finished_ttl_ns
+        finished = self.store.finished_index
+        for p in finished.partitions():
+            oldest = finished.oldest(p)
+            if oldest is not None and oldest <= cutoff:
+                due.add(p)
+        return due
+
+    # ------------------------------------------------------------------ processing
+
+    def process_run(
+        self,
+        runs: Table,
+        finished: Table,
+        partition: int,
+        run_id: str,
+        batches: list[tuple[list[Step], int | None]],
+        now_ns: int,
+    ) -> Outputs:
+        """Steps of one run, from one or more messages in arrival order, each with the
+        input clock it was sent at (RunLoop.apply); one state write, pending until
+        `take_writes`."""
+        out = Outputs()
+        self.store.bind(runs, finished)
+        self.loop.apply(partition, run_id, batches, now_ns, out)
+        return out
+
+    def tick(self, runs: Table, finished: Table, partition: int, now_ns: int) -> Outputs:
+        """Due releases, finalizations, evictions and marker expiry of one partition."""
+        out = Outputs()
+        self.store.bind(runs, finished)
+        self.loop.due(partition, now_ns, out)
+        self.store.expire_finished(partition, now_ns - self.finished_ttl_ns)
+        return out
+
+    def take_writes(self) -> list[tuple[str, int, bytes, bytes | None]]:
+        return self.store.take_writes()
+
+    def discard_writes(self) -> None:
+        self.store.discard_writes()
+
+    def apply_writes(self, runs: Table, finished: Table) -> int:
+        """take_writes + apply, for plain mappings (tests, tools)."""
+        self.store.bind(runs, finished)
+        return self.store.apply_writes()

@@ -1,0 +1,385 @@
+"""The stream service: wires the worker's parts (`Worker`) to faust (`LoopwatchService`).
+
+Topology (contracts.md §1, §6; architecture.md "The flow")::
+
+    otlp_spans ──ingest──▶ loopwatch-steps ──detect──▶ loop_detected (key run_id)
+      (raw OTLP batches)   steps by run id     │       loop_runs     (key run_id)
+          │                                    └─ tables runs, finished, loop_counts,
+          └─ undecodable ─▶ loopwatch-dead-letters     run_counts (changelogs)
+                            (digest + headers)
+
+The parts, one concern each (streams/worker/): formats.py (internal topic messages),
+store.py + codec.py + packing.py (table values), driver.py (`RunDriver`: the run loop of
+streams/runloop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
+skips.py (records the stream skipped), clock.py (the deadline / input clock), ingest.py,
+detect.py, timers.py (one per agent), api.py + views.py (the on-call API).
+
+Time: a run's clock is its event time (``max_end_ns`` of its spans) advanced by the
+wall-clock time since its last span arrived; deadlines live in an in-memory index rebuilt
+from the table whenever partitions are assigned (downtime does not count). Finished runs
+are markers in the table ``finished`` (TTL ``LOOPWATCH_FINISHED_TTL_SECONDS``), so spans
+of a finished run are counted instead of opening a new run. Outputs are at-least-once with
+deterministic event ids and fired markers in the run state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from typing import Any, cast
+
+from detectors.policy import Policy
+from streams.input_clock import InputClock, KafkaInputProbe
+from streams.normalize import Normalizer
+from streams.worker.clock import DeadlineClock
+from streams.worker.dead_letters import DeadLetters
+from streams.worker.delivery import Publisher
+from streams.worker.detect import Detect
+from streams.worker.driver import RunDriver
+from streams.worker.ingest import Ingest, InputReader
+from streams.worker.skips import SkipGuard
+from streams.worker.store import Tables
+from streams.worker.timers import Timers, release_free_memory
+from streams.worker.views import Views
+
+log = logging.getLogger("loopwatch.worker")
+
+COUNTERS = (
+    "records",
+    "spans",
+    "run_parts",
+    "events",
+    "runs_finished",
+    "dead_letters",
+    "detect_batches",
+    "step_messages_sent",
+    "refetched_records",  # input records the stream skipped, read back
+    "publish_retries",  # outputs sent again after a failed delivery
+)
+
+
+class Worker:
+    """The worker's parts wired over the given topics and tables (faust's in the service,
+    fakes in tests): ingest, detect, timers, and what they share."""
+
+    def __init__(
+        self,
+        settings: Any,
+        policy: Policy,
+        normalizer: Normalizer,
+        metrics: Any,
+        detect_partitions: int,
+        *,
+        tables: Tables,
+        topics: dict[str, Any],
+        consumer: Callable[[], Any],
+        stopping: Callable[[], bool],
+        assigned: Callable[[], set[int]],
+        refetcher: Callable[[str], Any] | None = None,
+    ) -> None:
+        s = self.settings = settings
+        self.policy = policy
+        self.normalizer = normalizer
+        self.metrics = metrics
+        self.tables = tables
+        self.topics = topics  # steps, events, runs, dead
+        self.assigned = assigned
+        self.keyed = s.input_keyed_by_run
+        self.started = time.time()
+        self.ready = False
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.driver = RunDriver(
+            policy,
+            finished_ttl_seconds=s.finished_ttl_seconds,
+            max_active_runs=s.max_active_runs,
+            tick_seconds=s.tick_seconds,
+            cache_size=s.state_cache_size,
+        )
+        # Unkeyed input: deadlines wait for the group's progress through every input
+        # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
+        self.clock = DeadlineClock(
+            InputClock(time.time_ns()) if s.input_clock and not self.keyed else None,
+            s.input_clock_max_lag_seconds,
+            lambda: KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic),
+        )
+        self.publisher = Publisher(metrics, self.counters, stopping)
+        self.dead_letters = DeadLetters(
+            topics["dead"], self.publisher, metrics, self.counters, s.dlq_capture_payload
+        )
+        if refetcher is None:
+            self.skips = SkipGuard.for_broker(s.bootstrap, consumer, self.counters)
+        else:
+            self.skips = SkipGuard(consumer, self.counters, refetcher)
+        self.reader = InputReader(
+            normalizer, s.input_encoding, self.dead_letters, metrics, self.counters
+        )
+        self.ingest = Ingest(
+            self.reader,
+            self.skips,
+            self.publisher,
+            self.dead_letters,
+            self.clock,
+            topics["steps"],
+            detect_partitions,
+            s.steps_grouping,
+            self.counters,
+        )
+        self.timers = Timers(
+            self.driver,
+            self.clock,
+            self.publisher,
+            topics["steps"],
+            metrics,
+            ready=lambda: self.ready,
+            assigned=assigned,
+            lag_sources={s.input_topic, s.steps_topic},
+        )
+        self.detect = Detect(
+            self.driver,
+            tables,
+            self.reader,
+            self.skips,
+            self.publisher,
+            self.dead_letters,
+            self.clock,
+            topics["events"],
+            topics["runs"],
+            metrics,
+            self.counters,
+            keyed_input_topic=s.input_topic if self.keyed else None,
+            on_tick=self.timers.tick_handled,
+        )
+
+    def recovered(self, partitions: set[int]) -> None:
+        """Partitions were assigned and their tables restored: rebuild the schedules."""
+        started = time.monotonic()
+        tables = self.tables
+        self.driver.rebuild(
+            list(tables.runs.items()), list(tables.finished.items()), partitions, time.time_ns()
+        )
+        self.timers.tick_sent.clear()
+        self.ready = True
+        self.metrics.active_runs.set(len(self.driver.index))
+        log.info(
+            "partitions %s recovered: %d live runs, %d finished markers (%.2f s)",
+            sorted(partitions),
+            len(self.driver.index),
+            self.driver.finished_index.size,
+            time.monotonic() - started,
+        )
+
+    def revoked(self, revoked: Iterable[Any] = ()) -> None:
+        """A rebalance (eager: it revokes every partition)."""
+        self.ready = False
+        self.publisher.revoked()
+        self.skips.forget()
+        for tp in revoked:
+            self.metrics.forget_consumer_lag(tp.topic, tp.partition)
+
+    def health(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "status": "ok",
+            "ready": self.ready,
+            "active_runs": len(self.driver.index),
+            "finished_markers": self.driver.finished_index.size,
+            "assigned_partitions": sorted(self.assigned()) if self.ready else [],
+            **self.counters,
+            "state_writes": self.driver.state_writes,
+            "input_topic": s.input_topic,
+            "keyed_input": self.keyed,
+            "input_clock_behind_seconds": (
+                None if (lag := self.clock.lag_seconds()) is None else round(lag, 1)
+            ),
+            "app_id": s.app_id,
+            "uptime_seconds": round(time.time() - self.started, 1),
+        }
+
+
+@contextlib.contextmanager
+def _in_event(event: Any) -> Iterator[None]:
+    """Make `event` faust's current event: table writes go to its partition.
+
+    Batched processing (take_events) handles several partitions per batch; faust's table and
+    rocksdb store pick the partition from the current event, so each run's writes happen
+    with an event of that run's partition set.
+    """
+    from faust.streams import _current_event
+
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def _wall_clock(event: Any = None) -> float:
+    """Window timestamps are processing time. (faust's relative_to_now() uses, inside a
+    stream, the latest window end seen on the partition, which starts at 0.)"""
+    return time.time()
+
+
+class LoopwatchService:
+    """The faust app, its topics and tables, and a `Worker` wired to them."""
+
+    def __init__(
+        self,
+        settings: Any,
+        policy: Policy,
+        normalizer: Normalizer,
+        metrics: Any,
+        detect_partitions: int,
+    ) -> None:
+        import faust
+
+        from streams.topics import (
+            FINISHED_TABLE,
+            LOOP_COUNTS_TABLE,
+            RUN_COUNTS_TABLE,
+            RUNS_TABLE,
+            WINDOW_EXPIRES_SECONDS,
+            WINDOW_SECONDS,
+        )
+
+        self.settings = s = settings
+        s.data_path.mkdir(parents=True, exist_ok=True)
+        self.app: Any = cast(Any, faust.App)(
+            s.app_id,
+            broker=s.broker_url,
+            store=s.store,
+            datadir=str(s.data_path / "{conf.id}"),
+            processing_guarantee="at_least_once",
+            topic_partitions=detect_partitions,
+            topic_replication_factor=s.replication_factor,
+            consumer_auto_offset_reset="earliest",
+            web_enabled=True,
+            web_bind=s.web_host,
+            web_host=s.web_host,
+            web_port=s.web_port,
+            canonical_url=s.canonical_url,
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
+            broker_commit_interval=1.0,
+            broker_session_timeout=s.session_timeout_seconds,
+            broker_heartbeat_interval=min(3.0, s.session_timeout_seconds / 3),
+            producer_linger_ms=s.linger_ms,
+            stream_wait_empty=False,
+            table_standby_replicas=0,
+            logging_config=None,
+        )
+        app = self.app
+        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+        keyed = s.input_keyed_by_run
+        input_topic = app.topic(s.input_topic, **raw)
+        steps_topic = app.topic(s.steps_topic, partitions=detect_partitions, **raw)
+        topics = {
+            "steps": steps_topic,
+            "events": app.topic(s.events_topic, **raw),
+            "runs": app.topic(s.runs_topic, **raw),
+            "dead": app.topic(s.dead_letter_topic, **raw),
+        }
+        detect_source = app.topic(s.input_topic, s.steps_topic, **raw) if keyed else steps_topic
+        self.detect_topic_names = {s.input_topic, s.steps_topic} if keyed else {s.steps_topic}
+
+        # Each table's store gets its own dict: faust's rocksdb Store pops keys out of it.
+        def opts() -> dict[str, Any]:
+            return {"partitions": detect_partitions, "options": s.rocksdb_options()}
+
+        def windowed(table: Any) -> Any:
+            return table.tumbling(
+                WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS)
+            ).relative_to(_wall_clock)
+
+        as_bytes: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
+        self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
+        self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
+        # windowed counters: json keys ((label key, (start, end))) and int values
+        loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
+        run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
+        tables = Tables(
+            self.runs, self.finished, windowed(loop_counts_raw), windowed(run_counts_raw), _in_event
+        )
+        self.worker = worker = Worker(
+            s,
+            policy,
+            normalizer,
+            metrics,
+            detect_partitions,
+            tables=tables,
+            topics=topics,
+            consumer=lambda: app.consumer,
+            stopping=lambda: bool(app.should_stop),
+            assigned=self.assigned_partitions,
+        )
+
+        async def on_recover() -> None:
+            worker.recovered(self.assigned_partitions())
+
+        async def on_revoked(app: Any, revoked: Any = None, **kwargs: Any) -> None:
+            worker.revoked(revoked or ())
+
+        self.runs.on_recover(on_recover)
+        app.on_partitions_revoked.connect(on_revoked)
+
+        async def ingest(stream: Any) -> None:
+            await worker.ingest.run(stream)
+
+        async def detect(stream: Any) -> None:
+            await worker.detect.run(stream, s.batch_max, s.batch_within_ms / 1000)
+
+        if not keyed:
+            app.agent(input_topic, name="ingest")(ingest)
+        app.agent(detect_source, name="detect")(detect)
+
+        timers = worker.timers
+
+        async def ticks() -> None:
+            await timers.send_ticks()
+
+        async def lag() -> None:
+            timers.update_lag(getattr(app, "_consumer", None))
+
+        async def input_clock() -> None:
+            await timers.advance_input_clock()
+
+        async def trim() -> None:
+            release_free_memory()
+
+        app.timer(interval=s.tick_seconds, name="loopwatch-ticks")(ticks)
+        app.timer(interval=5.0, name="loopwatch-lag")(lag)
+        if worker.clock.input is not None:
+            app.timer(interval=s.tick_seconds, name="loopwatch-input-clock")(input_clock)
+        app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
+
+        Views(
+            app,
+            self.runs,
+            self.finished,
+            loop_counts_raw,
+            run_counts_raw,
+            s.api_token,
+            worker.health,
+        ).wire()
+
+    def assigned_partitions(self) -> set[int]:
+        actives = self.app.assignor.assigned_actives()
+        return {tp.partition for tp in actives if tp.topic in self.detect_topic_names}
+
+
+def build_app(
+    settings: Any,
+    policy: Policy,
+    fingerprinter: Any,
+    metrics: Any,
+    detect_partitions: int,
+) -> LoopwatchService:
+    """The faust service for `settings` (topics must exist: see streams.topics)."""
+    normalizer = Normalizer(policy, fingerprinter)
+    return LoopwatchService(settings, policy, normalizer, metrics, detect_partitions)

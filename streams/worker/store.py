@@ -1,0 +1,190 @@
+"""The worker's state store: what the `runs` and `finished` tables hold, and how.
+
+A `runs` value is an envelope: a small JSON header (the run loop's `Envelope`: what the
+deadline index needs) and the run's state (streams/worker/codec.py),
+``<header JSON>\\n<RunState>``, so that rebuilding the deadline index after a rebalance
+parses only the headers. A `finished` value is ``[finished_ns, partition]``. Tables are
+plain key/value mappings here (a dict in tests, a faust table in the service).
+`TableStore` is the run loop's store (streams/runloop.py) over these two tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import OrderedDict
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from detectors.state import RunState
+from streams.deadlines import FinishedIndex
+from streams.runloop import Envelope
+from streams.worker.codec import decode_state, encode_state
+
+ENVELOPE_VERSION = 1
+
+Table = MutableMapping[bytes, bytes]
+
+
+def encode_header(env: Envelope) -> bytes:
+    return json.dumps(
+        {
+            "v": ENVELOPE_VERSION,
+            "p": env.partition,
+            "seen": env.seen_ns,
+            "first": env.first_ns,
+            "max_end": env.max_end_ns,
+            "root_end": env.root_end_ns,
+            "pending": env.pending,
+            "confirmed": env.confirmed_end_ns,
+            "cand": env.candidate,
+        },
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+def encode_envelope(state: RunState, env: Envelope) -> bytes:
+    """`env` (its state-derived fields refreshed from `state`) + the encoded state."""
+    env.refresh(state)
+    return encode_header(env) + b"\n" + encode_state(state)
+
+
+def decode_header(raw: bytes) -> Envelope:
+    head, _, _ = bytes(raw).partition(b"\n")
+    h = json.loads(head)
+    if h.get("v") != ENVELOPE_VERSION:
+        raise ValueError(f"run envelope version {h.get('v')!r} is not {ENVELOPE_VERSION}")
+    candidate = h.get("cand")  # these two are absent in envelopes written before them
+    return Envelope(
+        h["p"],
+        h["seen"],
+        h["first"],
+        h["max_end"],
+        h["root_end"],
+        h["pending"],
+        h.get("confirmed"),
+        (candidate[0], candidate[1]) if candidate else None,
+    )
+
+
+def decode_envelope(raw: bytes) -> tuple[Envelope, RunState]:
+    raw = bytes(raw)
+    env = decode_header(raw)
+    _, _, body = raw.partition(b"\n")
+    return env, decode_state(body)
+
+
+def encode_finished(finished_ns: int, partition: int) -> bytes:
+    return json.dumps([finished_ns, partition]).encode("utf-8")
+
+
+def decode_finished(raw: bytes) -> tuple[int, int]:
+    finished_ns, partition = json.loads(raw)
+    return int(finished_ns), int(partition)
+
+
+class TableStore:
+    """The run loop's store over the `runs` and `finished` tables (`bind` them before use).
+
+    Writes stay pending until the caller has published the outputs they belong to
+    (`take_writes`): a state whose fired markers are in the changelog never belongs to an
+    event that was not delivered. Reads see pending writes first. Decoded states of
+    recently touched runs are kept (write-through: the table always has the same state
+    encoded), which saves the decode on a run's next message; the cache is cleared on
+    every rebalance, and an entry is taken out while its run is processed, so a failure
+    never leaves a half-updated state cached."""
+
+    def __init__(self, cache_size: int = 10_000) -> None:
+        self.runs: Table = {}
+        self.finished: Table = {}
+        self.cache: OrderedDict[str, tuple[Envelope, RunState]] = OrderedDict()
+        self.cache_size = cache_size
+        self.pending_runs: dict[bytes, tuple[int, bytes | None]] = {}
+        self.pending_finished: dict[bytes, tuple[int, bytes | None]] = {}
+        self.finished_index = FinishedIndex()
+        self.state_writes = 0
+
+    def bind(self, runs: Table, finished: Table) -> None:
+        self.runs, self.finished = runs, finished
+
+    def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
+        cached = self.cache.pop(run_id, None)
+        if cached is not None:
+            return cached
+        key = run_id.encode("utf-8")
+        pending = self.pending_runs.get(key)
+        raw = pending[1] if pending is not None else self.runs.get(key)
+        return None if raw is None else decode_envelope(raw)
+
+    def save(self, run_id: str, env: Envelope, state: RunState) -> None:
+        self.pending_runs[run_id.encode("utf-8")] = (env.partition, encode_envelope(state, env))
+        if self.cache_size > 0:
+            self.cache[run_id] = (env, state)
+            if len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+
+    def finish(self, run_id: str, partition: int, now_ns: int) -> None:
+        key = run_id.encode("utf-8")
+        self.pending_runs[key] = (partition, None)
+        self.pending_finished[key] = (partition, encode_finished(now_ns, partition))
+        self.finished_index.add(partition, now_ns, run_id)
+
+    def is_finished(self, run_id: str) -> bool:
+        key = run_id.encode("utf-8")
+        pending = self.pending_finished.get(key)
+        if pending is not None:
+            return pending[1] is not None
+        return self.finished.get(key) is not None
+
+    def expire_finished(self, partition: int, cutoff_ns: int) -> None:
+        """Forget the finished markers of `partition` set at or before `cutoff_ns`."""
+        for run_id in self.finished_index.pop_expired(partition, cutoff_ns):
+            if self.is_finished(run_id):
+                self.pending_finished[run_id.encode("utf-8")] = (partition, None)
+
+    def take_writes(self) -> list[tuple[str, int, bytes, bytes | None]]:
+        """The pending table writes, (table, partition, key, value or None = delete), and
+        forget them: the caller applies them (after the outputs were acknowledged)."""
+        writes = [("runs", p, k, v) for k, (p, v) in self.pending_runs.items()]
+        writes += [("finished", p, k, v) for k, (p, v) in self.pending_finished.items()]
+        self.state_writes += len(self.pending_runs)
+        self.pending_runs.clear()
+        self.pending_finished.clear()
+        return writes
+
+    def discard_writes(self) -> None:
+        """The outputs could not be published: drop the batch's writes and every cached
+        state (the tables still hold the states before the batch)."""
+        self.pending_runs.clear()
+        self.pending_finished.clear()
+        self.cache.clear()
+
+    def apply_writes(self) -> int:
+        """take_writes + apply, for plain mappings (tests, tools)."""
+        writes = self.take_writes()
+        for table, _p, key, value in writes:
+            target = self.runs if table == "runs" else self.finished
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+        return len(writes)
+
+
+def _no_event(event: Any) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+@dataclass(slots=True)
+class Tables:
+    """The worker's tables: `runs` and `finished` (see above), and the windowed counters
+    behind /loops and /runs (``counts[key] += n``). `in_event(event)`: a context in which
+    writes go to `event`'s partition (faust picks a table write's partition from the
+    current event; plain mappings need nothing)."""
+
+    runs: Table
+    finished: Table
+    loop_counts: Any
+    run_counts: Any
+    in_event: Callable[[Any], contextlib.AbstractContextManager[None]] = _no_event

@@ -1,0 +1,161 @@
+"""The on-call API served by faust's web server: ``/healthz``, ``/runs/{run_id}`` (routed
+to the worker owning the key), ``/loops`` and ``/runs`` summed from the windowed count
+tables (60 s tumbling, 24 h) of every worker, optional bearer token. Read-only; faust's own
+table/router/stats pages are turned off."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from streams.worker.api import (
+    LOOP_LABELS,
+    RUN_LABELS,
+    BadRequest,
+    PeerError,
+    check_bearer,
+    merge_rows,
+    parse_by,
+    parse_since,
+    run_view,
+    sum_windows,
+)
+
+
+class Views:
+    """`app`: the faust app; `runs`, `finished`: the tables; `loop_counts`, `run_counts`:
+    the raw (unwindowed) count tables; `health`: the /healthz document."""
+
+    def __init__(
+        self,
+        app: Any,
+        runs: Any,
+        finished: Any,
+        loop_counts: Any,
+        run_counts: Any,
+        api_token: str | None,
+        health: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.app = app
+        self.runs = runs
+        self.finished = finished
+        self.loop_counts = loop_counts
+        self.run_counts = run_counts
+        self.api_token = api_token
+        self.health = health
+
+    def wire(self) -> None:
+        app = self.app
+        views = self
+
+        def denied(view: Any, request: Any) -> Any:
+            if check_bearer(request.headers.get("Authorization"), views.api_token):
+                return None
+            return view.json(
+                {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="loopwatch"'},
+            )
+
+        async def healthz(view: Any, request: Any) -> Any:
+            return view.json(views.health())
+
+        async def local_run(view: Any, request: Any, run_id: str) -> Any:
+            key = run_id.encode("utf-8")
+            raw = views.runs.get(key)
+            finished = views.finished.get(key) is not None
+            return view.json(run_view(run_id, raw, finished))
+
+        routed_run = app.table_route(table=self.runs, match_info="run_id")(local_run)
+
+        async def run_page(view: Any, request: Any, run_id: str) -> Any:
+            if (resp := denied(view, request)) is not None:
+                return resp
+            if not run_id or len(run_id) > 512:
+                return view.json({"error": "run_id: expected 1 to 512 characters"}, status=400)
+            return await routed_run(view, request, run_id=run_id)
+
+        async def loops_page(view: Any, request: Any) -> Any:
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                by = parse_by(request.query.get("by"))
+                since, seconds = parse_since(request.query.get("since"))
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            rows = sum_windows(
+                views.loop_counts.items(), LOOP_LABELS, by, seconds, time.time(), "events"
+            )
+            try:
+                rows = await views.gather_peers(request, rows, by, "events")
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            return view.json({"by": by, "since": since, "rows": rows})
+
+        async def runs_page(view: Any, request: Any) -> Any:
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                since, seconds = parse_since(request.query.get("since"))
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            by = list(RUN_LABELS)
+            rows = sum_windows(
+                views.run_counts.items(), RUN_LABELS, by, seconds, time.time(), "runs"
+            )
+            try:
+                rows = await views.gather_peers(request, rows, by, "runs")
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            return view.json({"since": since, "rows": rows})
+
+        app.page("/healthz")(healthz)
+        app.page("/runs/{run_id}")(run_page)
+        app.page("/loops")(loops_page)
+        app.page("/runs")(runs_page)
+
+    async def gather_peers(
+        self, request: Any, rows: list[dict[str, Any]], by: list[str], value_name: str
+    ) -> list[dict[str, Any]]:
+        """Each worker holds the aggregates of its partitions: ask the others and sum."""
+        if request.query.get("scope") == "local":
+            return rows
+        try:
+            hosts = set(self.app.router.tables_metadata())
+        except Exception:
+            return rows
+        me = str(self.app.conf.canonical_url).rstrip("/")
+        peers = [h for h in hosts if str(h).rstrip("/") != me]
+        if not peers:
+            return rows
+        all_rows = list(rows)
+        headers = {}
+        if auth := request.headers.get("Authorization"):
+            headers["Authorization"] = auth
+        for host in peers:
+            url = request.url.with_host(_host_of(host)).with_port(_port_of(host))
+            url = url.update_query(scope="local")
+            try:
+                async with self.app.http_client.get(url, headers=headers, timeout=10) as resp:
+                    if resp.status != 200:
+                        raise PeerError(f"worker {host} answered HTTP {resp.status}")
+                    data = await resp.json()
+            except PeerError:
+                raise
+            except Exception as exc:
+                raise PeerError(f"worker {host} did not answer ({type(exc).__name__})") from None
+            all_rows.extend(data.get("rows", []))
+        return merge_rows(all_rows, by, value_name)
+
+
+def _host_of(url: Any) -> str:
+    from yarl import URL
+
+    return URL(str(url)).host or "127.0.0.1"
+
+
+def _port_of(url: Any) -> int:
+    from yarl import URL
+
+    return URL(str(url)).port or 80

@@ -1,0 +1,207 @@
+"""The one run loop (streams/runloop.py) that the replay (streams/engine.py) and the worker
+(streams/worker/driver.py) both drive: per-run apply, release, deadline choice (grace vs
+idle, release timer), finalization and event building over a store, with the clock and the
+sink passed in. The drivers' own tests (test_examples, test_worker_driver) are thin: what
+each adds is where state lives and what the clock is."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detectors.fingerprint import Fingerprinter
+from detectors.model import Step
+from detectors.policy import Policy
+from streams.normalize import Normalizer
+from streams.runloop import NS, MemoryStore, RunLoop, group_steps
+from streams.worker.store import TableStore
+from tests.spankit import Run, example_policy
+
+T0 = 1_800_000_000 * NS
+
+
+class Recorder:
+    """A sink that keeps everything, in order."""
+
+    def __init__(self) -> None:
+        self.out: list[tuple[str, Any]] = []
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.out.append(("event", event))
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        self.out.append(("summary", summary))
+
+    def started(self) -> None:
+        self.out.append(("started", None))
+
+    def counted(self, duplicate_spans: int, late_spans: int) -> None:
+        if duplicate_spans or late_spans:
+            self.out.append(("counted", (duplicate_spans, late_spans)))
+
+    def after_finalize(self, spans: int) -> None:
+        self.out.append(("after_finalize", spans))
+
+    def evicted_run(self) -> None:
+        self.out.append(("evicted", None))
+
+    def kinds(self, kind: str) -> list[Any]:
+        return [value for k, value in self.out if k == kind]
+
+
+def steps_of(policy: Policy, run: Run) -> list[Step]:
+    by_run, invalid, _ = group_steps(Normalizer(policy, Fingerprinter(b"k")), run.spans)
+    assert invalid == 0
+    return by_run[run.trace_id]
+
+
+def looping(trace: int, root: bool = True) -> Run:
+    run = Run(trace=trace)
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    if root:
+        run.root()
+    return run
+
+
+def test_group_steps_groups_by_run_in_first_seen_order_and_counts_invalid() -> None:
+    normalizer = Normalizer(example_policy(), Fingerprinter(b"k"))
+    a, b = looping(1), looping(2)
+    spans = [b.spans[0], a.spans[0], *b.spans[1:], *a.spans[1:]]
+    broken = a.spans[1]
+
+    class Strict:
+        def step(self, span: Any) -> Step:
+            if span is broken:
+                raise ValueError("unusable")
+            return normalizer.step(span)
+
+    seen: list[Any] = []
+    by_run, invalid, max_end = group_steps(Strict(), spans, lambda s, e: seen.append(s))  # type: ignore[arg-type]
+    assert list(by_run) == [b.trace_id, a.trace_id]
+    assert len(by_run[a.trace_id]) == len(a.spans) - 1
+    assert invalid == 1 and seen == [broken]
+    assert max_end == max(s.end_ns for s in spans if s is not broken)
+
+
+def test_apply_fires_at_the_threshold_and_schedules_grace_after_the_root() -> None:
+    policy = example_policy(allowed_lateness_seconds=0)
+    loop, sink = RunLoop(policy, MemoryStore(10), release_timer=True), Recorder()
+    run = looping(3, root=False)
+    loop.apply(0, run.trace_id, [(steps_of(policy, run), None)], T0, sink)
+    assert [e["shape"] for e in sink.kinds("event")] == ["identical_repetition"]
+    assert sink.kinds("started") == [None]
+    deadline = loop.index.get(run.trace_id)
+    assert deadline is not None and deadline.release_at is None  # nothing buffered
+    assert deadline.finalize_at == T0 + int(policy.idle_timeout_seconds * NS)  # no root
+    run.root()
+    loop.apply(0, run.trace_id, [(steps_of(policy, run)[-1:], None)], T0 + NS, sink)
+    deadline = loop.index.get(run.trace_id)
+    assert deadline is not None
+    assert deadline.finalize_at == T0 + NS + int(policy.finalize_grace_seconds * NS)
+
+
+def test_due_finalizes_then_spans_after_finalize_are_counted_not_fed() -> None:
+    policy = example_policy(finalize_grace_seconds=2)
+    store = MemoryStore(10)
+    loop, sink = RunLoop(policy, store, release_timer=False), Recorder()
+    run = looping(4)
+    steps = steps_of(policy, run)
+    loop.apply(0, run.trace_id, [(steps, None)], T0, sink)
+    loop.due(0, T0 + NS, sink)
+    assert sink.kinds("summary") == []
+    loop.due(0, T0 + 2 * NS, sink)
+    (summary,) = sink.kinds("summary")
+    assert summary["run_id"] == run.trace_id and summary["outcome"] == "complete"
+    assert store.is_finished(run.trace_id) and not store.states and len(loop.index) == 0
+    loop.apply(0, run.trace_id, [(steps[:2], None)], T0 + 3 * NS, sink)
+    assert sink.kinds("after_finalize") == [2] and not store.states
+
+
+def test_the_release_timer_releases_buffered_steps_without_a_new_span() -> None:
+    policy = example_policy(allowed_lateness_seconds=1, idle_timeout_seconds=600)
+    run = looping(5, root=False)
+    steps = steps_of(policy, run)
+    for timer in (True, False):
+        loop, sink = RunLoop(policy, MemoryStore(10), release_timer=timer), Recorder()
+        loop.apply(0, run.trace_id, [(steps, None)], T0, sink)
+        assert sink.kinds("event") == []  # the last steps wait for the lateness
+        deadline = loop.index.get(run.trace_id)
+        assert deadline is not None
+        assert deadline.release_at == (T0 + NS if timer else None)
+        loop.due(0, T0 + NS, sink)
+        assert len(sink.kinds("event")) == (1 if timer else 0)
+        assert sink.kinds("summary") == []  # released, not finalized
+
+
+def test_evicted_runs_are_finalized_and_counted() -> None:
+    policy = example_policy()
+    loop, sink = RunLoop(policy, MemoryStore(10), release_timer=True), Recorder()
+    runs = [looping(10 + i, root=False) for i in range(3)]
+    for i, run in enumerate(runs):
+        loop.apply(0, run.trace_id, [(steps_of(policy, run), None)], T0 + i, sink)
+    assert loop.index.mark_evictions(1, T0) == 2
+    loop.due(0, T0 + 3, sink)
+    assert [s["run_id"] for s in sink.kinds("summary")] == [runs[0].trace_id, runs[1].trace_id]
+    assert sink.kinds("evicted") == [None, None] and len(loop.index) == 1
+
+
+def test_close_finalizes_in_the_order_given() -> None:
+    policy = example_policy()
+    store = MemoryStore(10)
+    loop, sink = RunLoop(policy, store, release_timer=False), Recorder()
+    runs = [looping(30 - i, root=False) for i in range(3)]
+    for run in runs:
+        loop.apply(0, run.trace_id, [(steps_of(policy, run), None)], T0, sink)
+    loop.close(sorted(store.states), T0, sink)
+    assert [s["run_id"] for s in sink.kinds("summary")] == sorted(r.trace_id for r in runs)
+    assert len(loop.index) == 0 and not store.states
+
+
+def _drive(loop: RunLoop, store: Any, plan: list[tuple[str, list[Step], int]]) -> Recorder:
+    sink = Recorder()
+    for run_id, steps, now in plan:
+        if run_id == "tick":
+            loop.due(0, now, sink)
+        else:
+            loop.apply(0, run_id, [(steps, None)], now, sink)
+        if isinstance(store, TableStore):
+            store.apply_writes()  # to the tables and back through the codec
+            store.cache.clear()
+    return sink
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), timer=st.booleans())
+def test_the_store_does_not_change_what_the_loop_finds(seed: int, timer: bool) -> None:
+    """The replay's dicts and the worker's tables (every state encoded, stored and decoded
+    between two calls) give the same outputs in the same order for the same calls."""
+    policy = example_policy(allowed_lateness_seconds=1, finalize_grace_seconds=2)
+    rng = random.Random(seed)
+    pieces: list[tuple[str, list[Step]]] = []
+    for trace in range(3):
+        run = Run(trace=100 + trace)
+        for i in range(rng.randint(2, 6)):
+            run.tool("lookup_order", {"order_id": f"A{i % 2}"}, {"status": "pending"})
+        if rng.random() < 0.7:
+            run.root()
+        steps = steps_of(policy, run)
+        cut = rng.randint(1, len(steps))
+        pieces += [(run.trace_id, steps[:cut]), (run.trace_id, steps[cut:])]
+    rng.shuffle(pieces)
+    plan, now = [], T0
+    for run_id, steps in pieces:
+        now += rng.randint(0, 2) * NS
+        plan.append((run_id, steps, now))
+        if rng.random() < 0.4:
+            plan.append(("tick", [], now))
+    plan.append(("tick", [], now + 3600 * NS))
+    memory = MemoryStore(100)
+    table = TableStore()
+    want = _drive(RunLoop(policy, memory, release_timer=timer), memory, plan).out
+    got = _drive(RunLoop(policy, table, release_timer=timer), table, plan).out
+    assert got == want
+    assert len(want) > 0 and table.runs == {} and not memory.states
