@@ -56,6 +56,9 @@ EVENT_FIELDS = (
     "detected_at",
     "policy_version",
     "observe_only",
+    # true: prompt_version was not known yet when the event fired; the run summary's
+    # prompt_version and `deferred_events` give its slice (and its metrics count there)
+    "labels_pending",
 )
 
 
@@ -122,4 +125,5 @@ def build_event(finding: Finding, run_id: str, policy: Policy) -> dict[str, Any]
         "detected_at": _iso(trigger.end_ns),
         "policy_version": policy.policy_version,
         "observe_only": True,
+        "labels_pending": False,
     }

@@ -17,6 +17,7 @@ STATE_VERSION = 1
 DEDUP_CAP = 128  # recent span ids remembered for duplicate/conflict checks
 UNRESOLVED_CAP = 64  # parent ids referenced but not yet seen (tree completeness)
 FIRED_CAP = 64  # fired episode markers
+DEFERRED_CAP = 64  # events whose metrics wait for the run's labels (see RunState.deferred)
 MAP_CAP = 16  # per-detector keyed maps (plans, edges, documents, ledger)
 BLOOM_BITS = 512  # seen span ids (tree completeness), 128 hex chars serialized
 ITEM_BLOOM_BITS = 512  # seen pagination item ids
@@ -83,6 +84,11 @@ class RunState:
     fired: list[str] = field(default_factory=list)  # "shape|key" of fired episodes
     shapes: list[str] = field(default_factory=list)
     trigger_ns: dict[str, int] = field(default_factory=dict)  # shape -> first trigger start
+    # Events that fired before the run's prompt_version was known: their loop metrics are
+    # counted at finalization, in the run's final slice (streams/runloop.py; at most
+    # MAX_DEFERRED: [event_id, shape, severity, tool_name, tool_version, wasted_steps,
+    # wasted_tokens]).
+    deferred: list[list[Any]] = field(default_factory=list)
     finalized: bool = False
 
     def to_dict(self) -> dict[str, Any]:

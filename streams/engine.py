@@ -179,7 +179,8 @@ class Engine:
         stats = self.stats
         stats.events += 1
         stats.loops_by_shape[event["shape"]] += 1
-        _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
+        if not event["labels_pending"]:  # else counted with the run's summary
+            _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
         if event["tool_name"]:
             _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
         self.on_event(event)
@@ -189,6 +190,8 @@ class Engine:
         stats.runs_finished += 1
         stats.runs_by_outcome[summary["outcome"]] += 1
         _count(stats.runs_by_prompt, summary["prompt_version"] or "unknown")
+        for _ in summary["deferred_events"]:  # their run's final slice
+            _count(stats.loops_by_prompt, summary["prompt_version"] or "unknown")
         if summary["shapes"]:
             stats.looping_runs += 1
         if self.on_summary is not None:

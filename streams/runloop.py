@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 from alerts.events import build_event
 from detectors import pipeline
-from detectors.model import Step
+from detectors.model import Finding, Step
 from detectors.policy import Policy
-from detectors.state import RunState
+from detectors.state import DEFERRED_CAP, RunState
 from streams.deadlines import Deadline, DeadlineIndex
 from streams.errors import DecodeError
 from streams.normalize import STEP_ERRORS, Normalizer
@@ -116,6 +116,37 @@ class MemoryStore:
 
     def is_finished(self, run_id: str) -> bool:
         return run_id in self.finished
+
+
+# What a deferred event keeps for its metrics (RunState.deferred, the summary's
+# `deferred_events`): the loop metrics' labels and increments beside the run's slice.
+DEFERRED_FIELDS = (
+    "event_id",
+    "shape",
+    "severity",
+    "tool_name",
+    "tool_version",
+    "wasted_steps",
+    "wasted_tokens",
+)
+
+
+def labelled_event(finding: Finding, state: RunState, policy: Policy) -> dict[str, Any]:
+    """The finding's `loop_detected` event. Run-level labels often arrive last (on the
+    root or agent span, which ends after its children): an event that fires before the
+    run's prompt_version is known goes out at once (`labels_pending: true`), and its loop
+    metrics are deferred to the run's finalization, where the run summary lists it under
+    the run's final prompt_version. Critical shapes are counted at once whatever their
+    labels (a duplicated side effect pages now), as is an event beyond DEFERRED_CAP."""
+    event = build_event(finding, state.run_id, policy)
+    pending = event["prompt_version"] is None and event["severity"] != "critical"
+    if pending and all(d[0] != event["event_id"] for d in state.deferred):  # (a re-fire)
+        if len(state.deferred) < DEFERRED_CAP:
+            state.deferred.append([event[k] for k in DEFERRED_FIELDS])
+        else:
+            pending = False
+    event["labels_pending"] = pending
+    return event
 
 
 def group_steps(
@@ -220,7 +251,7 @@ class RunLoop:
             if sent_clock is not None and (env.candidate is None or env.candidate[0] == now_ns):
                 env.candidate = (now_ns, state.max_end_ns)
         for finding in findings:
-            sink.event(build_event(finding, run_id, policy))
+            sink.event(labelled_event(finding, state, policy))
         sink.counted(state.duplicate_spans - before_dup, state.late_spans - before_late)
         env.partition, env.seen_ns = partition, now_ns
         env.refresh(state)
@@ -254,7 +285,7 @@ class RunLoop:
                 env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
             watermark = state.max_end_ns + (now_ns - env.seen_ns)
             for finding in pipeline.release(policy, state, watermark):
-                sink.event(build_event(finding, run_id, policy))
+                sink.event(labelled_event(finding, state, policy))
             env.refresh(state)
             self.store.save(run_id, env, state)
             nxt = self.deadline_for(env)
@@ -269,7 +300,12 @@ class RunLoop:
         policy = self.policy
         findings, summary = pipeline.finalize(policy, state)
         for finding in findings:
-            sink.event(build_event(finding, run_id, policy))
+            sink.event(labelled_event(finding, state, policy))
+        # the events that fired before the run's labels were known, for the drivers to
+        # count under this summary's prompt_version (the run's final slice)
+        summary["deferred_events"] = [
+            dict(zip(DEFERRED_FIELDS, d, strict=True)) for d in state.deferred
+        ]
         sink.summary(summary)
         self.store.finish(run_id, partition, now_ns)
         self.index.remove(run_id)

@@ -81,6 +81,13 @@ class Run:
         self.seq = 0
         self.resource = {"service.name": "support-bot", "prompt.version": prompt_version}
         self.task_type = task_type
+        # Where the prompt version is: the resource (every span), or only the root span
+        # (as instrumentations put run metadata on the agent span, which ends last).
+        self.version_on_root: str | None = None
+
+    def version_only_on_root(self) -> Run:
+        self.version_on_root = self.resource.pop("prompt.version")
+        return self
 
     def _span_id(self, n: int) -> str:
         return f"{int(self.trace_id, 16) % 0xFFFF:04x}{n:012x}"
@@ -230,6 +237,8 @@ class Run:
     ) -> SpanRecord:
         self.clock += 50 * MS
         base = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "support"}
+        if self.version_on_root is not None:
+            base["gen_ai.prompt.version"] = self.version_on_root
         base.update(attrs or {})
         span = SpanRecord(
             self.trace_id,

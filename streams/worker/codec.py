@@ -70,9 +70,12 @@ _PLAIN = (  # small ints and short strings: JSON is already compact for them
     "fired",
     "shapes",
     "trigger_ns",
-    "last_turn_wants_tools",  # (added later: states written before lack it)
+    # added later (states written before lack them; decoded with these defaults):
+    "last_turn_wants_tools",
+    "deferred",
 )
-_PLAIN_BEFORE = len(_PLAIN) - 1  # width of _PLAIN in states written before the last field
+_PLAIN_ADDED: tuple[Any, ...] = (None, [])  # defaults of the fields added last, in order
+_PLAIN_FIRST = len(_PLAIN) - len(_PLAIN_ADDED)  # width of _PLAIN in the first states
 _TIMES = ("max_end_ns", "start_ns", "last_end_ns", "root_end_ns", "guard_ns")
 _FLAGS = (
     "unresolved_overflow",
@@ -167,8 +170,8 @@ def _decode_packed(data: bytes) -> RunState:
     trace_id = r.item()
     fields["trace_id"] = fields["run_id"] if trace_id is None else trace_id
     plain = r.item()
-    if isinstance(plain, list) and len(plain) == _PLAIN_BEFORE:
-        plain = [*plain, None]
+    if isinstance(plain, list) and _PLAIN_FIRST <= len(plain) < len(_PLAIN):
+        plain = [*plain, *json.loads(json.dumps(_PLAIN_ADDED[len(plain) - _PLAIN_FIRST :]))]
     if not isinstance(plain, list) or len(plain) != len(_PLAIN):
         raise DecodeError(f"run state: expected a list of {len(_PLAIN)} values")
     fields.update(zip(_PLAIN, plain, strict=True))

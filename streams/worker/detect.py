@@ -246,14 +246,22 @@ class Detect:
         await self.publisher.deliver("detect", sent)
         loops: dict[tuple[int, str], int] = {}
         runs: dict[tuple[int, str], int] = {}
+
+        def count_loop(partition: int, ev: dict[str, Any], prompt_version: Any) -> None:
+            m.observe_event({**ev, "prompt_version": prompt_version})
+            labels = (ev["shape"], prompt_version, ev["tool_version"])
+            group = (partition, aggregate_key(labels, partition))
+            loops[group] = loops.get(group, 0) + 1
+
         for partition, out in outputs:
             for ev in out.events:
-                m.observe_event(ev)
-                labels = (ev["shape"], ev["prompt_version"], ev["tool_version"])
-                group = (partition, aggregate_key(labels, partition))
-                loops[group] = loops.get(group, 0) + 1
                 self.counters["events"] += 1
+                if not ev.get("labels_pending"):  # else with its run's summary, below
+                    count_loop(partition, ev, ev["prompt_version"])
             for summary in out.summaries:
+                # loops that fired before the run's labels were known: the final slice
+                for deferred in summary.get("deferred_events", ()):
+                    count_loop(partition, deferred, summary["prompt_version"])
                 m.observe_run(summary)
                 labels = (
                     summary["prompt_version"],

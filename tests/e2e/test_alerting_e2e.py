@@ -106,11 +106,18 @@ def clean_run(n: int, pv: str) -> Run:
 
 def looping_run(n: int, pv: str) -> Run:
     """A run that looks up the same order three times with the same result: one
-    identical_repetition event (allowed_repeats 2) on lookup_order, tool_version 3."""
-    run = Run(trace=5000 + n, prompt_version=pv)
+    identical_repetition event (allowed_repeats 2) on lookup_order, tool_version 3.
+
+    Its prompt_version is only on the root span, which ends last, after the agent went on
+    for 10 s more: the loop fires before the run's labels are known (`labels_pending`),
+    as with the GenAI `invoke_agent` root of real instrumentations. Its records (see
+    `loop_batches`) put the root in a later export message."""
+    run = Run(trace=5000 + n, prompt_version=pv).version_only_on_root()
     for _ in range(3):
         run.llm()
         run.tool("lookup_order", {"order_id": f"L-{n}"}, {"status": "pending"})
+    run.llm()
+    run.clock += 10 * 10**9
     run.llm()
     run.root()
     return run
@@ -146,8 +153,11 @@ def loop_batches() -> list[list[Record]]:
         for i in range(32)
     ]
     assert sum(1 for i in range(32) if i % 5 == 2 and i < 30) == 6
-    synthetic = [keyed(encode_request(r.spans)) for r in runs]
-    batches = in_batches(synthetic, 3)
+    synthetic = []
+    for r in runs:  # the root span ends last: exported in the next message
+        synthetic.append(keyed(encode_request(r.spans[:-1])))
+        synthetic.append(keyed(encode_request(r.spans[-1:])))
+    batches = in_batches(synthetic, 6)
     batches[0] = example_records("duplicate_side_effect__refund_twice.pb") + batches[0]
     return batches
 
@@ -159,7 +169,16 @@ class Expected:
 
     @property
     def slices(self) -> Counter[tuple[str, ...]]:
-        return Counter(tuple(str(e[k]) for k in SLICE) for e in self.events)
+        """Events by slice; an event that fired before its run's labels were known
+        (`labels_pending`) is in its run's final slice: the run summary's prompt_version."""
+        final = {s["run_id"]: s["prompt_version"] for s in self.runs}
+
+        def label(e: dict[str, Any], k: str) -> str:
+            if k == "prompt_version" and e["labels_pending"]:
+                return str(final[e["run_id"]])
+            return str(e[k])
+
+        return Counter(tuple(label(e, k) for k in SLICE) for e in self.events)
 
     @property
     def runs_by_pv(self) -> Counter[str]:
@@ -434,6 +453,10 @@ def loop_window(stack: Stack, clean_window: CleanWindow) -> LoopWindow:
     assert dup_slices == {("duplicate_side_effect", "support-v13", "issue_refund", "3")}
     assert rate_slices == {("identical_repetition", LOOP_PV, "lookup_order", "3")}
     assert slices[("identical_repetition", LOOP_PV, "lookup_order", "3")] == 26
+    # every loop fired before its run's prompt_version arrived (only on the root span)
+    pending = [e for e in expected.events if e["shape"] == "identical_repetition"]
+    assert len(pending) == 26 and all(e["labels_pending"] for e in pending)
+    assert all(e["prompt_version"] is None for e in pending)
 
     stack.produce_spread(batches, pause=0.6)
     stack.wait_processed(expected)

@@ -247,14 +247,17 @@ def test_termination_evidence():
     assert verdict(asks, tool) == ("unknown", "none")  # no root
 
 
-def test_states_written_before_the_last_turn_field_still_load(monkeypatch):
+@pytest.mark.parametrize("missing", [1, 2])
+def test_states_written_before_the_fields_added_last_still_load(monkeypatch, missing):
+    # the fields added after the first states: last_turn_wants_tools, then deferred
     state = RunState(run_id=TRACE, trace_id=TRACE, spans=3)
-    old_plain = codec._PLAIN[:-1]
+    old_plain = codec._PLAIN[:-missing]
     monkeypatch.setattr(codec, "_PLAIN", old_plain)
     monkeypatch.setattr(codec, "_get_plain", __import__("operator").attrgetter(*old_plain))
     old_bytes = codec.encode_state(state)
     monkeypatch.undo()
     back = codec.decode_state(old_bytes)
-    assert back.last_turn_wants_tools is None and back.spans == 3
+    assert back.last_turn_wants_tools is None and back.deferred == [] and back.spans == 3
     state.last_turn_wants_tools = True
+    state.deferred = [["e" * 32, "identical_repetition", "warning", "t", "3", 2, 40]]
     assert codec.decode_state(codec.encode_state(state)) == state

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
+from streams.engine import Engine
 from streams.normalize import Normalizer
 from streams.runloop import NS, MemoryStore, RunLoop, group_steps
 from streams.worker.store import TableStore
@@ -205,3 +206,67 @@ def test_the_store_does_not_change_what_the_loop_finds(seed: int, timer: bool) -
     got = _drive(RunLoop(policy, table, release_timer=timer), table, plan).out
     assert got == want
     assert len(want) > 0 and table.runs == {} and not memory.states
+
+
+# ---------------------------------------------------------------------------- late labels
+
+
+def _late_labelled_run(trace: int) -> Run:
+    """Three identical lookups, the agent going on for 10 s more (past the allowed
+    lateness, so the lookups are released before the run ends), then the root, which alone
+    carries the prompt version and ends last."""
+    run = Run(trace=trace, prompt_version="support-v77").version_only_on_root()
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.llm()
+    run.clock += 10 * NS
+    run.llm()
+    run.root()
+    return run
+
+
+def test_an_event_before_the_runs_labels_is_counted_in_the_runs_final_slice():
+    run = _late_labelled_run(41)
+    children, root = run.spans[:-1], run.spans[-1:]
+    events: list[dict] = []
+    summaries: list[dict] = []
+    engine = Engine(example_policy(), Fingerprinter(b"k"), events.append, summaries.append)
+    engine.feed(children)  # the root ends last and is exported in a later batch
+    engine.feed(root)
+    engine.close()
+    (event,) = events
+    assert event["prompt_version"] is None and event["labels_pending"] is True
+    (summary,) = summaries
+    assert summary["prompt_version"] == "support-v77"
+    assert [d["event_id"] for d in summary["deferred_events"]] == [event["event_id"]]
+    assert summary["deferred_events"][0]["shape"] == "identical_repetition"
+    # the replay's table counts the loop in the run's slice, not under "unknown"
+    assert engine.stats.loops_by_prompt == {"support-v77": 1}
+
+
+def test_an_event_whose_labels_are_known_is_counted_at_once():
+    run = _late_labelled_run(42)
+    events: list[dict] = []
+    summaries: list[dict] = []
+    engine = Engine(example_policy(), Fingerprinter(b"k"), events.append, summaries.append)
+    engine.feed(run.spans)  # the root in the same batch: known before release
+    engine.close()
+    (event,) = events
+    assert event["prompt_version"] == "support-v77" and event["labels_pending"] is False
+    assert summaries[0]["deferred_events"] == []
+    assert engine.stats.loops_by_prompt == {"support-v77": 1}
+
+
+def test_a_run_that_never_names_its_version_counts_its_loops_as_unknown_at_the_end():
+    run = Run(trace=43, prompt_version="x").version_only_on_root()
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.version_on_root = None
+    run.root()
+    events: list[dict] = []
+    summaries: list[dict] = []
+    engine = Engine(example_policy(), Fingerprinter(b"k"), events.append, summaries.append)
+    engine.feed(run.spans)
+    engine.close()
+    assert events[0]["labels_pending"] is True and len(summaries[0]["deferred_events"]) == 1
+    assert engine.stats.loops_by_prompt == {"unknown": 1}

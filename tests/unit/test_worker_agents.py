@@ -715,3 +715,46 @@ def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Pat
         "otlp_spans",
         "loopwatch-steps",
     }
+
+
+async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(service: Any) -> None:
+    """The prompt version is only on the root, which ends (and is exported) after the loop
+    fired: the event goes out at once, with labels_pending; the loop metrics wait for the
+    run's summary and count under the root's version, never under "unknown"."""
+    run = Run(trace=61, prompt_version="support-v77").version_only_on_root()
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.llm()
+    run.clock += 10 * 10**9  # the agent goes on past the allowed lateness
+    run.llm()
+    run.root()
+    children, root = run.spans[:-1], run.spans[-1:]
+
+    async def deliver(offset: int, spans: list[Any]) -> int:
+        before = len(service.topics["steps"].sent)
+        await service.ingest.record(Ev(Msg("otlp_spans", 0, offset, None, encode_request(spans))))
+        (msg,) = service.topics["steps"].sent[before:]
+        await service.detect.batch(
+            [Ev(Msg("loopwatch-steps", msg["partition"], offset, None, msg["value"]))]
+        )
+        return int(msg["partition"])
+
+    def loop_events(**labels: str) -> float | None:
+        return service.metrics.registry.get_sample_value("loopwatch_loop_events_total", labels)
+
+    p = await deliver(1, children)
+    (event,) = [json.loads(m["value"]) for m in service.topics["events"].sent]
+    assert event["prompt_version"] is None and event["labels_pending"] is True
+    assert sum(service.tables.loop_counts.values()) == 0  # not counted yet, in any slice
+    await deliver(2, root)
+    deadline = service.driver.index.get(run.trace_id)
+    service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
+    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 3, None, b'{"tick":1}'))])
+    (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
+    assert summary["prompt_version"] == "support-v77"
+    assert [d["event_id"] for d in summary["deferred_events"]] == [event["event_id"]]
+    labels = {"shape": "identical_repetition", "severity": "warning", "tool_name": "lookup_order"}
+    assert loop_events(**labels, prompt_version="support-v77", tool_version="3") == 1
+    assert loop_events(**labels, prompt_version="unknown", tool_version="3") is None
+    (key,) = [k for k, n in service.tables.loop_counts.items() if n]
+    assert json.loads(key)[:3] == ["identical_repetition", "support-v77", "3"]
