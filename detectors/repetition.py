@@ -18,6 +18,10 @@ from detectors.state import ITEM_BLOOM_BITS, MAP_CAP, bloom_add, bloom_has, boun
 # Streak layout.
 S_ACTION, S_COUNT, S_FIRST_POS, S_SPANS, S_CALLS = 0, 1, 2, 3, 4
 S_VERSION, S_STATE, S_CURSOR, S_RESULT, S_SEQ, S_END, S_EPOCH, S_TOKENS = 5, 6, 7, 8, 9, 10, 11, 12
+# The span that began the streak: the episode's identity (its event id). Not its position:
+# a span released out of order (arriving beyond the allowed lateness) shifts positions, and
+# must not give an unchanged episode a second id. (Streaks written before lack it.)
+S_FIRST_SPAN = 13
 
 
 def _progress(contract: ToolContract | None, prev: list[Any], step: Step, new_items: bool) -> bool:
@@ -92,9 +96,10 @@ def identical_repetition(ctx: Context, step: Step) -> None:
             count = int(streak[S_COUNT])
             if count > allowed:
                 first_pos = int(streak[S_FIRST_POS])
+                first_span = streak[S_FIRST_SPAN] if len(streak) > S_FIRST_SPAN else spans[0]
                 ctx.fire(
                     "identical_repetition",
-                    f"{step.action_fp}@{first_pos}",
+                    f"{step.action_fp}@{first_span}",
                     step,
                     count=count,
                     first_position=first_pos,
@@ -125,6 +130,7 @@ def identical_repetition(ctx: Context, step: Step) -> None:
         0,
         state.reduction_epoch,
         state.tokens,
+        step.span_id,
     ]
     _remember(state.streak, step, state.reduction_epoch)
 

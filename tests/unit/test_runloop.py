@@ -270,3 +270,36 @@ def test_a_run_that_never_names_its_version_counts_its_loops_as_unknown_at_the_e
     engine.close()
     assert events[0]["labels_pending"] is True and len(summaries[0]["deferred_events"]) == 1
     assert engine.stats.loops_by_prompt == {"unknown": 1}
+
+
+# ---------------------------------------------------------------------------- episode identity
+
+
+def test_a_span_arriving_beyond_the_lateness_keeps_the_episodes_event_id():
+    """A model span of the run arrives after the loop was released (beyond the allowed
+    lateness): it shifts the run's positions, not what happened to the repeated lookup, so
+    the identical_repetition event keeps its id."""
+    run = Run(trace=71)
+    first_llm = run.llm()
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.root()
+    later = Run(trace=72)  # another run, 20 s later: moves the replay's event time on
+    later.clock = run.clock + 20 * NS
+    later.llm()
+
+    def events_of(batches: list[list[Any]]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        engine = Engine(example_policy(), Fingerprinter(b"k"), events.append)
+        for batch in batches:
+            engine.feed(batch)
+        engine.close()
+        return [e for e in events if e["run_id"] == run.trace_id]
+
+    in_order = events_of([run.spans, later.spans])
+    rest = [s for s in run.spans if s is not first_llm]
+    late = events_of([rest, later.spans, [first_llm]])
+    assert [e["shape"] for e in in_order] == [e["shape"] for e in late] == ["identical_repetition"]
+    assert late[0]["first_sequence"] != in_order[0]["first_sequence"]  # positions did move
+    assert late[0]["event_id"] == in_order[0]["event_id"]
+    assert late[0]["span_ids"] == in_order[0]["span_ids"]
