@@ -1,0 +1,53 @@
+"""OTLP trace decoding: protobuf and Collector-style JSON bytes -> list[SpanRecord].
+
+Three parts: the protobuf decoder (`proto`, the ingest hot path), the JSON decoder
+(`json_decode`) and the conversion between the two encodings (`transcode`, for `loopwatch
+produce`); `common` holds what they share. Every malformed input raises exactly
+`DecodeError`, whose message names the source and the reason (positions and keys, never
+attribute values).
+"""
+
+from __future__ import annotations
+
+from streams.errors import DecodeError
+from streams.otlp.common import (
+    ANY_VALUE_KINDS,
+    ENCODINGS,
+    OTLP_JSON,
+    OTLP_PROTO,
+    SPAN_KINDS,
+    STATUS_CODES,
+    AnyValueKind,
+)
+from streams.otlp.json_decode import _show, decode_json
+from streams.otlp.proto import decode_proto
+from streams.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
+from streams.spans import SpanRecord
+
+__all__ = [
+    "ANY_VALUE_KINDS",
+    "ENCODINGS",
+    "OTLP_JSON",
+    "OTLP_PROTO",
+    "SPAN_KINDS",
+    "STATUS_CODES",
+    "AnyValueKind",
+    "decode_json",
+    "decode_proto",
+    "decode_record",
+    "json_to_proto_bytes",
+    "proto_to_json_bytes",
+]
+
+
+def decode_record(value: bytes, encoding: str, source: str) -> list[SpanRecord]:
+    """Decode one Kafka record value / file message in the named kafkaexporter encoding."""
+    if value is None:
+        raise DecodeError(f"{source}: record has no value")
+    if encoding == OTLP_PROTO:
+        return decode_proto(value, source)
+    if encoding == OTLP_JSON:
+        return decode_json(value, source)
+    raise DecodeError(
+        f"{source}: unknown encoding {_show(encoding)} (expected one of {', '.join(ENCODINGS)})"
+    )
