@@ -84,7 +84,9 @@ def replanning(ctx: Context, step: Step) -> None:
 
 
 def delegation_ping_pong(ctx: Context, step: Step) -> None:
-    """One handoff edge traversed more than handoff_max_traversals times."""
+    """One handoff edge traversed more than handoff_max_traversals times. One episode per
+    pair of agents: A->B->A->B... fires once, at the first edge to cross, not again when
+    the reverse edge crosses too."""
     if step.kind != HANDOFF:
         return
     state = ctx.state
@@ -103,7 +105,7 @@ def delegation_ping_pong(ctx: Context, step: Step) -> None:
         back = state.edges.get(f"{target}->{source}")
         ctx.fire(
             "delegation_ping_pong",
-            edge,
+            "<->".join(sorted((source, target))),
             step,
             count=seen[0],
             first_position=seen[1],

@@ -9,7 +9,7 @@ running the detector:
 - identical_repetition fires at the 3rd identical call (allowed_repeats = 2);
 - retry_storm fires at the 4th call failing with one transient code (min calls = 4);
 - delegation_ping_pong fires when one edge A->B is traversed for the 3rd time
-  (handoff_max_traversals = 2), once per edge;
+  (handoff_max_traversals = 2), once per pair of agents;
 - oscillation fires after 2p+2 steps of a period-p alternation (p = 2: the 6th call).
 """
 
@@ -171,12 +171,15 @@ def expected_ping_pong(fx: Fixture, ids: list[str]) -> list[tuple[str, str, str]
     hops = fx.facts["handoffs"]
     assert len(ids) == len(hops)
     counts: dict[str, int] = {}
+    fired: set[frozenset[str]] = set()  # one episode per pair of agents
     out = []
     for i, (hop, span_id) in enumerate(zip(hops, ids, strict=True)):
         source = hop["from"] if fx.framework in SOURCE_KNOWN else (hops[i - 1]["to"] if i else "?")
         edge = f"{source}->{hop['to']}"
         counts[edge] = counts.get(edge, 0) + 1
-        if counts[edge] == 3:
+        pair = frozenset((source, hop["to"]))
+        if counts[edge] == 3 and pair not in fired:
+            fired.add(pair)
             out.append(("delegation_ping_pong", edge, span_id))
     return out
 
