@@ -300,15 +300,15 @@ def _release(
     ctx = Context(policy, state)
     released = 0
     for index, (key, step) in enumerate(keyed):
-        ready = (
-            force_all
-            or (force_one and index == 0)
-            or step.end_ns <= horizon
-            or (contiguous is not None and key[0] < contiguous)
-            or (
-                contiguous is not None and step.sequence is not None and step.sequence <= contiguous
-            )
+        # A contiguous sequence releases at once, but never past what the event time
+        # vouches for: with spans of a run on several input partitions (the worker's input
+        # clock), a model span that ended before this step may still be on its way.
+        in_sequence = (
+            contiguous is not None
+            and step.end_ns <= event_time
+            and (key[0] < contiguous or (step.sequence is not None and step.sequence <= contiguous))
         )
+        ready = force_all or (force_one and index == 0) or step.end_ns <= horizon or in_sequence
         if not ready:
             break
         state.last_key = key

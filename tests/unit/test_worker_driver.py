@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
@@ -30,6 +32,7 @@ from streams.worker.formats import (
 from streams.worker.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy
+from tests.unit.test_sources import exported_in_time_order
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = load_policy(ROOT / "examples" / "loopwatch.yaml")
@@ -455,3 +458,100 @@ def test_run_view_shows_digests_only() -> None:
     missing = run_view("nope", None, True)
     assert missing["found"] is False and missing["finished"] is True and missing["steps"] == []
     assert event_id  # imported for the id function the view uses
+
+
+# ---------------------------------------------------------------------------- split over partitions
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_any_split_over_input_partitions_gives_the_replays_events(n: int, seed: int) -> None:
+    """Unkeyed input, the worker's driver: a time-ordered export stream's spans split at
+    random over 1-5 input partitions, each exported in time order as its spans end (a
+    batch spans at most 2 s, within the allowed lateness) and
+    consumed as a live stream at uneven rates (each step, a random partition reads a random
+    number of the records produced by then), the input clock being what every partition
+    has read (the earliest record not yet read), ticks judging deadlines by it: the same
+    events, ids and positions as the replay of the one stream."""
+    messages = exported_in_time_order(2_000, seed=seed % 7)
+    rng = random.Random(seed)
+    spans = [s for m in messages for s in decode_record(m, "otlp_proto", "t")]
+    base = spans[0].end_ns
+    queues: list[list[tuple[int, bytes]]] = [[] for _ in range(n)]  # (produced at, record)
+    pending: list[list[Any]] = [[] for _ in range(n)]
+
+    def flush(p: int) -> None:  # a batch is produced when its last span has ended
+        queues[p].append((T0 + pending[p][-1].end_ns - base, encode_request(pending[p])))
+        pending[p] = []
+
+    for span in spans:  # each partition exports its spans as they end: 20-60 at a time,
+        p = rng.randrange(n)  # within 2 s (each source delivers within the allowed lateness)
+        if pending[p] and span.end_ns - pending[p][0].end_ns > 2 * NS:
+            flush(p)
+        pending[p].append(span)
+        if len(pending[p]) >= rng.randint(20, 60):
+            flush(p)
+    for p in range(n):
+        if pending[p]:
+            flush(p)
+    # Held releases: with release_on_sequence (the default) a run's sequenced steps go as
+    # soon as they are contiguous and the input clock vouches for their arrival, so an
+    # unsequenced model span of the run that ended just before, still in another source's
+    # export batch, can be late (test_a_lagging_partition_does_not_make_model_spans_late)
+    policy = stream_policy(release_on_sequence=False)
+    want, _ = replay_messages(messages, policy, KEY)
+    worker = FakeWorker(policy)
+    driver = worker.driver
+
+    def tick(clock: int) -> None:
+        for part in sorted(driver.due_partitions(clock)):
+            worker.collect(driver.tick(worker.runs, worker.finished, part, clock))
+        driver.apply_writes(worker.runs, worker.finished)
+
+    while any(queues):
+        worker.now += rng.randint(50, 400) * 1_000_000  # 50-400 ms of wall time
+        heads = [q[0][0] for q in queues if q]
+        worker.clock = min([*heads, worker.now]) - 1  # every record before it was read
+        ready = [q for q in queues if q and q[0][0] <= worker.now]
+        if ready:
+            q = rng.choice(ready)
+            for _ in range(rng.randint(1, 3)):
+                if q and q[0][0] <= worker.now:
+                    worker.feed(q.pop(0)[1])
+        tick(worker.clock)
+    worker.clock = worker.now + 3600 * NS  # caught up: every deadline passes
+    tick(worker.clock)
+
+    def same(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # agent_name is the run's agent as known when the event fired (an agent span ends,
+        # and arrives, after its children): arrival-dependent by design, unlike everything
+        # the episode itself decides (README "Reading an event")
+        return sorted(({**e, "agent_name": None} for e in events), key=lambda e: e["event_id"])
+
+    assert worker.late == 0
+    assert same(worker.events) == same(want)
+
+
+def test_a_lagging_partition_does_not_make_model_spans_late() -> None:
+    """release_on_sequence: the run's sequenced tool calls are read from a partition that
+    is ahead; its model spans (unsequenced, in between) from one that lags. The tool calls
+    are not released past what the input clock vouches for, so the model spans are not
+    counted late when their partition catches up."""
+    run = Run(trace=91, sequenced=True)
+    for _ in range(3):
+        run.llm()
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.root()
+    tools = [s for s in run.spans if s.name.startswith("execute_tool")]
+    others = [s for s in run.spans if s not in tools]
+    worker = FakeWorker(stream_policy())
+    worker.clock = T0 - NS  # the lagging partition: nothing after T0 - 1 s is vouched for
+    worker.feed(encode_request(tools))  # the partition that is ahead
+    worker.now += NS
+    worker.feed(encode_request(others))  # the lagging partition catches up
+    worker.clock = worker.now  # every record produced before now has been read
+    worker.feed(encode_request([]))
+    worker.clock = None
+    worker.advance(60)
+    assert worker.late == 0
+    assert [e["shape"] for e in worker.events] == ["identical_repetition"]
