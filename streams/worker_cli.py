@@ -67,9 +67,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "other process or set LOOPWATCH_METRICS_PORT (0 disables /metrics)"
         )
     layout = ensure_topics(settings)
-    from streams.worker.statedir import prepare
-
-    moved = prepare(settings.data_path, settings.app_id, settings.store == "rocksdb://")
 
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -86,12 +83,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.engine import fingerprinter_from_env
     from streams.worker.broker import FoldRepeats
     from streams.worker.service import build_app
+    from streams.worker.statedir import prepare
 
-    for aside in moved:
-        print(
-            f"loopwatch: damaged table state moved aside to {aside}: rebuilt from its changelog",
-            file=sys.stderr,
-        )
+    # a data dir that cannot be written: one line, exit 2; damaged table state: moved
+    # aside (one warning line each) and rebuilt from the changelogs
+    prepare(settings.data_path, settings.app_id, settings.store == "rocksdb://")
     fingerprinter = fingerprinter_from_env(lambda m: print(m, file=sys.stderr))
     metrics = Metrics()
     if settings.metrics_port:
