@@ -114,7 +114,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     worker_state = service.worker
     # the library loggers' connection errors: counted into the broker summary lines
-    FoldRepeats(worker_state.broker, quiet_seconds=settings.broker_reminder_seconds).install()
+    FoldRepeats(worker_state.broker).install()
     stop = BoundedStop(settings.stop_timeout_seconds, lambda: abandoned(service))
     worker = bounded_worker(faust.Worker, stop)(
         service.app,

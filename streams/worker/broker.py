@@ -41,28 +41,45 @@ BROKER_PROBE_SECONDS = 2.0
 DEGRADED_SECONDS = 30.0  # a failure this recent, with the probe answering: degraded
 REMINDER_SECONDS = 60.0
 
-# (label, logger name prefix, message pattern): library log records that repeat for as
-# long as the broker is unreachable. They are counted into the broker summary instead of
-# being written one by one; the first of each kind after a quiet spell is still written.
-FOLDED: tuple[tuple[str, str, re.Pattern[str]], ...] = (
-    ("aiokafka: unable to connect to node", "aiokafka", re.compile(r"^Unable connect to node")),
-    ("aiokafka: unable to update metadata", "aiokafka", re.compile(r"^Unable to update metadata")),
+# (label, logger name prefix, message pattern, a failed connection?): library log records
+# that repeat for as long as the broker is unreachable. They are counted into the broker
+# summary instead of being written one by one; the first of each kind after a quiet spell
+# is still written. Connection failures also count as failed requests (and make the state
+# degraded while the probe answers); the others (a coordinator not yet available while a
+# new group forms, a produce retried on a moved leader, a slow timer) are counted only.
+FOLDED: tuple[tuple[str, str, re.Pattern[str], bool], ...] = (
+    (
+        "aiokafka: unable to connect to node",
+        "aiokafka",
+        re.compile(r"^Unable connect to node"),
+        True,
+    ),
+    (
+        "aiokafka: unable to update metadata",
+        "aiokafka",
+        re.compile(r"^Unable to update metadata"),
+        True,
+    ),
     (
         "aiokafka: unable to request metadata",
         "aiokafka",
         re.compile(r"^Unable to request metadata"),
+        True,
     ),
-    ("aiokafka: failed fetch", "aiokafka", re.compile(r"^Failed fetch messages")),
-    ("aiokafka: coordinator", "aiokafka", re.compile(r"(?i)coordinator")),
-    ("aiokafka: heartbeat", "aiokafka", re.compile(r"(?i)heartbeat")),
-    ("aiokafka: commit failed", "aiokafka", re.compile(r"(?i)commit.*fail|fail.*commit")),
-    ("aiokafka: produce error", "aiokafka", re.compile(r"(?i)produce")),
-    ("faust/mode: timer overlapping", "mode", re.compile(r"^Timer .* is overlapping")),
-    ("faust/mode: timer overlapping", "faust", re.compile(r"^Timer .* is overlapping")),
-    ("loopwatch: input clock offsets unavailable", "loopwatch", re.compile(r"^input clock: ")),
+    ("aiokafka: failed fetch", "aiokafka", re.compile(r"^Failed fetch messages"), True),
+    ("aiokafka: coordinator", "aiokafka", re.compile(r"(?i)coordinator"), False),
+    ("aiokafka: heartbeat", "aiokafka", re.compile(r"(?i)heartbeat"), False),
+    ("aiokafka: commit failed", "aiokafka", re.compile(r"(?i)commit.*fail|fail.*commit"), False),
+    ("aiokafka: produce error", "aiokafka", re.compile(r"(?i)produce"), False),
+    ("faust/mode: timer overlapping", "mode", re.compile(r"^Timer .* is overlapping"), False),
+    ("faust/mode: timer overlapping", "faust", re.compile(r"^Timer .* is overlapping"), False),
+    (
+        "loopwatch: input clock offsets unavailable",
+        "loopwatch",
+        re.compile(r"^input clock: "),
+        False,
+    ),
 )
-# Library records that are connection failures (a failed request), not slow timers.
-FAILED_REQUEST = re.compile(r"(?i)unable|fail|error|timeout|not available|dead")
 
 
 def _at(wall: float) -> str:
@@ -98,6 +115,7 @@ class BrokerLink:
         self.folded: Counter[str] = Counter()  # since the last summary line
         self.folded_total = 0
         self.episode_failures = 0  # failed requests since the state left connected
+        self.episode = 0  # times the state came back to connected
         self._last_reminder = self.since
         if metrics is not None:
             metrics.broker_connected.set(GAUGE[CONNECTED])
@@ -121,11 +139,11 @@ class BrokerLink:
         if self.metrics is not None:
             self.metrics.broker_failed_requests.labels(source=source).inc()
 
-    def folded_record(self, label: str, record: logging.LogRecord) -> None:
+    def folded_record(self, label: str, record: logging.LogRecord, failed: bool) -> None:
         self.folded[label] += 1
         self.folded_total += 1
-        if record.levelno >= logging.WARNING and FAILED_REQUEST.search(label + record.msg):
-            with contextlib.suppress(Exception):
+        if failed:
+            with contextlib.suppress(Exception):  # a record whose arguments do not format
                 self.failure("library", record.getMessage()[:200])
 
     # -------------------------------------------------------------- state
@@ -175,6 +193,7 @@ class BrokerLink:
                 self._counts(),
             )
             self.episode_failures = 0
+            self.episode += 1
             self.folded.clear()
         elif state == DISCONNECTED:
             log.warning(
@@ -217,28 +236,28 @@ class BrokerLink:
 
 class FoldRepeats(logging.Filter):
     """A handler filter: library records of the `FOLDED` kinds are counted into `link`
-    (and its summary lines) instead of being written, except the first of each kind after
-    ``quiet_seconds`` without one (so a lone failure still shows in the log as it was)."""
+    (and its summary lines) instead of being written, except the first of each kind while
+    the broker is connected and the first of each kind of each outage (from the state
+    leaving connected to it coming back), so that what failed first is in the log as the
+    library said it."""
 
-    def __init__(self, link: BrokerLink, quiet_seconds: float = REMINDER_SECONDS) -> None:
+    def __init__(self, link: BrokerLink) -> None:
         super().__init__()
         self.link = link
-        self.quiet_seconds = quiet_seconds
-        self._last: dict[str, float] = {}
+        self._written: dict[str, int] = {}  # label -> the link's episode it was written in
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
-        if name.startswith("loopwatch") and not isinstance(record.msg, str):
-            return True
-        for label, prefix, pattern in FOLDED:
+        for label, prefix, pattern, failed in FOLDED:
             if name.startswith(prefix) and isinstance(record.msg, str):
                 if pattern.search(record.msg) is None:
                     continue
-                self.link.folded_record(label, record)
-                now = self.link.clock()
-                last = self._last.get(label)
-                self._last[label] = now
-                return last is None or now - last >= self.quiet_seconds
+                self.link.folded_record(label, record, failed)
+                episode = self.link.episode
+                if self._written.get(label) == episode:
+                    return False
+                self._written[label] = episode
+                return True
         return True
 
     def install(self) -> None:

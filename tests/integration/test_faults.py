@@ -51,7 +51,7 @@ pytestmark = pytest.mark.kafka
 SPANS = 12_000
 PARTITIONS = 4
 OUTAGE = 30.0
-MAX_OUTAGE_LINES = 40  # whole worker log, outage start to broker back (30 s)
+MAX_OUTAGE_LINES = 20  # whole worker log, outage start to broker back (30 s)
 STOP_TIMEOUT = 10.0
 RESULT_TIMEOUT = 120.0
 

@@ -77,7 +77,7 @@ def test_states_one_line_per_change_and_a_reminder_per_interval(
 def test_library_repeats_are_folded_and_counted(metrics: Metrics) -> None:
     clock = Clock()
     link = link_with(metrics, clock)
-    fold = FoldRepeats(link, quiet_seconds=60)
+    fold = FoldRepeats(link)
     aiokafka = logging.getLogger("aiokafka.client")
     written = 0
     for _ in range(1000):
@@ -102,12 +102,18 @@ def test_library_repeats_are_folded_and_counted(metrics: Metrics) -> None:
             None,
         )
         written += fold.filter(timer)
-    assert written == 2  # the first of each kind in the 50 s
+    assert written == 2  # the first of each kind of the outage
     assert link.folded_total == 2000
     assert link.failed_requests == 1000  # connection errors, not slow timers
     assert gauge(metrics, "loopwatch_broker_failed_requests_total", source="library") == 1000
     other = aiokafka.makeRecord("aiokafka", logging.INFO, __file__, 1, "something else", (), None)
     assert fold.filter(other)
+    # the next outage writes the first of each kind again
+    link.probe_result(True)
+    clock.now += 31
+    link.probe_result(True)
+    assert link.state == "connected"
+    assert fold.filter(record) and not fold.filter(record)
 
 
 def test_readiness_reasons() -> None:
