@@ -211,6 +211,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         error = await loop.run_in_executor(None, self.broker_probe.read)
         self.broker.probe_result(error is None, error or "")
+        # loopwatch_ready follows readiness whether or not anyone asks /healthz
+        self.metrics.ready.set(0 if self.readiness()[0] == "not_ready" else 1)
 
     async def check_state_dir(self) -> None:
         """Write a small file in the data dir (in an executor): unhealthy while it fails."""
