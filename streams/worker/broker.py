@@ -116,6 +116,7 @@ class BrokerLink:
         self.folded_total = 0
         self.episode_failures = 0  # failed requests since the state left connected
         self.episode = 0  # times the state came back to connected
+        self.left_connected = self.since  # when the state last left connected
         self._last_reminder = self.since
         if metrics is not None:
             metrics.broker_connected.set(GAUGE[CONNECTED])
@@ -184,10 +185,14 @@ class BrokerLink:
         self._last_reminder = now
         if self.metrics is not None:
             self.metrics.broker_connected.set(GAUGE[state])
+        if old == CONNECTED:
+            self.left_connected = now
         if state == CONNECTED:
             log.warning(
-                "broker: connected again at %s, after %.0f s %s (%s)",
+                "broker: connected again at %s, after %.0f s not connected (the last %.0f s "
+                "%s; %s)",
                 _at(self.since_wall),
+                now - self.left_connected,
                 lasted,
                 old,
                 self._counts(),
