@@ -51,6 +51,9 @@ from streams.worker.views import Views
 
 log = logging.getLogger("loopwatch.worker")
 
+# /healthz is not ready when nothing was processed for this long while records wait
+STALLED_SECONDS = 60.0
+
 COUNTERS = (
     "records",
     "spans",
@@ -113,6 +116,7 @@ class Worker:
         self.broker_probe: Any = None  # MetadataProbe, made by the first probe
         self.state_dir_error: str | None = None
         self.crashed: dict[str, str] = {}  # agent -> the error that ended it
+        self._progress = (-1, time.monotonic())  # (records + detect batches, when it changed)
         self.publisher = Publisher(
             metrics,
             self.counters,
@@ -211,7 +215,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         error = await loop.run_in_executor(None, self.broker_probe.read)
         self.broker.probe_result(error is None, error or "")
-        # loopwatch_ready follows readiness whether or not anyone asks /healthz
+        # loopwatch_ready (and the stall check) follow readiness whether or not anyone asks
         self.metrics.ready.set(0 if self.readiness()[0] == "not_ready" else 1)
 
     async def check_state_dir(self) -> None:
@@ -229,6 +233,15 @@ class Worker:
             else:
                 log.warning("data dir %s is writable again", path)
         self.state_dir_error = error
+
+    def stalled_seconds(self) -> float:
+        """Seconds without a record or detect batch processed while the consumer lag is
+        above 0 (0 when it is not): a consumer that stopped delivering records."""
+        done = self.counters["records"] + self.counters["detect_batches"]
+        now = time.monotonic()
+        if done != self._progress[0] or self.timers.max_lag == 0 or not self.ready:
+            self._progress = (done, now)
+        return now - self._progress[1]
 
     def readiness(self) -> tuple[str, list[str]]:
         """("ok" | "degraded" | "not_ready", reasons). not_ready: /healthz answers 503."""
@@ -255,6 +268,11 @@ class Worker:
         if lag is not None and lag > s.ready_max_input_clock_lag_seconds:
             not_ready.append(
                 f"input clock {lag:.0f} s behind (bound {s.ready_max_input_clock_lag_seconds:.0f} s)"
+            )
+        if (stalled := self.stalled_seconds()) >= STALLED_SECONDS:
+            not_ready.append(
+                f"nothing processed for {stalled:.0f} s with a consumer lag of "
+                f"{self.timers.max_lag} records"
             )
         if self.timers.max_lag > s.ready_max_consumer_lag:
             not_ready.append(

@@ -129,6 +129,8 @@ def test_readiness_reasons() -> None:
     worker.timers = type("T", (), {"max_lag": 0})()
     worker.state_dir_error = None
     worker.crashed = {}
+    worker.counters = {"records": 0, "detect_batches": 0}
+    worker._progress = (-1, 0.0)
     assert worker.readiness() == ("ok", [])
     worker.broker.probe_result(False, "timed out")
     status, reasons = worker.readiness()
@@ -145,6 +147,33 @@ def test_readiness_reasons() -> None:
     status, reasons = worker.readiness()
     assert status == "not_ready"
     assert [r.split(" ")[0] for r in reasons] == ["recovery", "consumer", "data", "agent"]
+
+
+def test_readiness_sees_a_stalled_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.worker import service
+    from streams.worker.service import Worker
+
+    now = [100.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: now[0])
+    worker: Any = Worker.__new__(Worker)
+    worker.settings = WorkerSettings()
+    worker.broker = BrokerLink(None)
+    worker.ready = True
+    worker.assigned = lambda: {0}
+    worker.clock = type("C", (), {"lag_seconds": lambda self: None})()
+    worker.timers = type("T", (), {"max_lag": 7})()
+    worker.state_dir_error = None
+    worker.crashed = {}
+    worker.counters = {"records": 8, "detect_batches": 3}
+    worker._progress = (-1, 0.0)
+    assert worker.readiness()[0] == "ok"
+    now[0] += 59
+    assert worker.readiness()[0] == "ok"
+    now[0] += 2
+    status, reasons = worker.readiness()
+    assert status == "not_ready" and reasons[0].startswith("nothing processed for 61 s")
+    worker.counters["records"] += 1  # progress
+    assert worker.readiness()[0] == "ok"
 
 
 def test_state_dir_prepare(tmp_path: Path) -> None:
