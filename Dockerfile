@@ -23,8 +23,10 @@ ENV LOOPWATCH_METRICS_PORT=9464
 # 6066: worker web API (loopwatch query) · 9464: Prometheus /metrics
 EXPOSE 6066 9464
 
+# Liveness: the worker's event loop answers /livez (readiness, /healthz, is for routing and
+# dashboards: a broker outage makes it 503, and restarting would not help).
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
-    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ.get('LOOPWATCH_METRICS_PORT', '9464'), timeout=2)"
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/livez' % os.environ.get('LOOPWATCH_WEB_PORT', '6066'), timeout=2)"
 
 ENTRYPOINT ["loopwatch"]
 CMD ["worker"]

@@ -294,6 +294,25 @@ class Metrics:
             "record older than it) trails the wall clock; run deadlines are held by it.",
             registry=r,
         )
+        self.broker_connected = Gauge(
+            PREFIX + "broker_connected",
+            "Broker connectivity as this worker sees it: 1 connected, 0.5 degraded (some "
+            "requests failing), 0 disconnected (its metadata probe gets no answer).",
+            registry=r,
+        )
+        self.broker_failed_requests = Counter(
+            PREFIX + "broker_failed_requests_total",
+            "Requests to the broker that failed, by source (probe: the worker's metadata "
+            "probe; library: a connection error the Kafka client logged; delivery: an output "
+            "not delivered).",
+            ["source"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            PREFIX + "ready",
+            "1 when /healthz answers ready (HTTP 200), 0 when not ready (HTTP 503).",
+            registry=r,
+        )
         self.last_processed_timestamp = Gauge(
             PREFIX + "last_processed_timestamp_seconds",
             "Unix time at which this worker last finished processing an input record.",

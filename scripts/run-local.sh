@@ -45,7 +45,8 @@ cleanup() {
   if [[ -n "$WORKER_PID" ]] && kill -0 "$WORKER_PID" 2>/dev/null; then
     say "stopping the worker (pid $WORKER_PID)"
     kill -TERM "$WORKER_PID" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$WORKER_PID" 2>/dev/null || break; sleep 0.5; done
+    # the worker exits within LOOPWATCH_STOP_TIMEOUT_SECONDS (30) even with the broker down
+    for _ in $(seq 1 80); do kill -0 "$WORKER_PID" 2>/dev/null || break; sleep 0.5; done
     kill -0 "$WORKER_PID" 2>/dev/null && kill -KILL "$WORKER_PID" 2>/dev/null || true
   fi
   if [[ "$STARTED_BROKER" == 1 ]]; then

@@ -91,6 +91,21 @@ variable                                  default                     meaning
 ``LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB``      ``8``                       rocksdb read cache per table
                                                                       partition (faust's default is
                                                                       2 GiB each: RSS kept growing)
+``LOOPWATCH_STOP_TIMEOUT_SECONDS``        ``30``                      SIGTERM / Ctrl-C: the worker
+                                                                      exits within this long whatever
+                                                                      the broker does (undelivered
+                                                                      outputs stay uncommitted and
+                                                                      are processed again)
+``LOOPWATCH_READY_BROKER_SECONDS``        ``30``                      ``/healthz`` turns not ready
+                                                                      (HTTP 503) once the broker has
+                                                                      been unreachable this long
+``LOOPWATCH_READY_MAX_CONSUMER_LAG``      ``1000000``                 ... or a partition's consumer
+                                                                      lag is above this (records)
+``LOOPWATCH_READY_MAX_INPUT_CLOCK_LAG_SECONDS`` ``900``               ... or the input clock trails
+                                                                      the wall clock by more
+``LOOPWATCH_BROKER_REMINDER_SECONDS``     ``60``                      while the broker is not
+                                                                      connected: one summary line
+                                                                      (with counts) this often
 ========================================  ==========================  =========================
 
 Every value is validated; a bad one is a `ConfigError` naming the variable and what was
@@ -154,6 +169,11 @@ class WorkerSettings:
     input_clock_max_lag_seconds: float = 900.0
     rocksdb_write_buffer_mb: int = 4
     rocksdb_block_cache_mb: int = 8
+    stop_timeout_seconds: float = 30.0
+    ready_broker_seconds: float = 30.0
+    ready_max_consumer_lag: int = 1_000_000
+    ready_max_input_clock_lag_seconds: float = 900.0
+    broker_reminder_seconds: float = 60.0
 
     @property
     def broker_url(self) -> str:
@@ -254,6 +274,23 @@ class WorkerSettings:
             ),
             "rocksdb_block_cache_mb": reader.integer(
                 "LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB", d.rocksdb_block_cache_mb, 1, 65536
+            ),
+            "stop_timeout_seconds": reader.number(
+                "LOOPWATCH_STOP_TIMEOUT_SECONDS", d.stop_timeout_seconds, 1.0
+            ),
+            "ready_broker_seconds": reader.number(
+                "LOOPWATCH_READY_BROKER_SECONDS", d.ready_broker_seconds, 0.0
+            ),
+            "ready_max_consumer_lag": reader.integer(
+                "LOOPWATCH_READY_MAX_CONSUMER_LAG", d.ready_max_consumer_lag, 1, 10**12
+            ),
+            "ready_max_input_clock_lag_seconds": reader.number(
+                "LOOPWATCH_READY_MAX_INPUT_CLOCK_LAG_SECONDS",
+                d.ready_max_input_clock_lag_seconds,
+                1.0,
+            ),
+            "broker_reminder_seconds": reader.number(
+                "LOOPWATCH_BROKER_REMINDER_SECONDS", d.broker_reminder_seconds, 1.0
             ),
         }
         settings = cls(**values)  # type: ignore[arg-type]

@@ -2,8 +2,12 @@
 
 Startup order: settings (env, `streams.settings`) and policy (YAML) are validated, the broker
 is probed with a short timeout and the topics are created (`streams.topics`), the web and
-metrics ports are checked, then the faust worker runs until SIGTERM/SIGINT (graceful stop:
-agents finish the current batch, offsets are committed, the producer is flushed).
+metrics ports are checked, the data dir is prepared (streams/worker/statedir.py), then the
+faust worker runs until SIGTERM/SIGINT (graceful stop: agents finish the current batch,
+offsets are committed, the producer is flushed). The stop is bounded: after
+``LOOPWATCH_STOP_TIMEOUT_SECONDS`` (30) the process exits whatever the broker does, with a
+line saying what it abandoned (`BoundedStop`); nothing undelivered was acknowledged, so
+its input records are processed again after a restart.
 
 Any problem before the worker runs is one clear line on stderr and exit status 2
 (`streams.cli.main` turns a LoopwatchError into that).
@@ -15,8 +19,13 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
@@ -72,8 +81,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from alerts.metrics import Metrics
     from streams.engine import fingerprinter_from_env
+    from streams.worker.broker import FoldRepeats
     from streams.worker.service import build_app
+    from streams.worker.statedir import prepare
 
+    # a data dir that cannot be written: one line, exit 2; damaged table state: moved
+    # aside (one warning line each) and rebuilt from the changelogs
+    prepare(settings.data_path, settings.app_id, settings.store == "rocksdb://")
     fingerprinter = fingerprinter_from_env(lambda m: print(m, file=sys.stderr))
     metrics = Metrics()
     if settings.metrics_port:
@@ -98,7 +112,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    worker = faust.Worker(
+    worker_state = service.worker
+    # the library loggers' connection errors: counted into the broker summary lines
+    FoldRepeats(worker_state.broker).install()
+    stop = BoundedStop(settings.stop_timeout_seconds, lambda: abandoned(service))
+    worker = bounded_worker(faust.Worker, stop)(
         service.app,
         loglevel=settings.log_level,
         quiet=True,
@@ -107,3 +125,72 @@ def cmd_worker(args: argparse.Namespace) -> int:
     tune_gc()
     worker.execute_from_commandline()  # raises SystemExit when stopped
     return 0  # pragma: no cover
+
+
+class BoundedStop:
+    """Arms, at the first SIGTERM/SIGINT, a timer that ends the process after `seconds`
+    if faust's graceful stop has not (a producer flush or an offset commit waits for an
+    unreachable broker for as long as it takes). `abandoned()`: what is left, for the log
+    line. The exit status is 0: a stop that was asked for."""
+
+    def __init__(self, seconds: float, abandoned: Callable[[], str]) -> None:
+        self.seconds = seconds
+        self.abandoned = abandoned
+        self.signalled_at: float | None = None
+        self._timer: threading.Timer | None = None
+
+    def arm(self, signum: int) -> None:
+        if self._timer is not None:
+            return
+        self.signalled_at = time.monotonic()
+        logging.getLogger("loopwatch.worker").warning(
+            "stopping (%s): exits within %.0f s (LOOPWATCH_STOP_TIMEOUT_SECONDS)",
+            signal.Signals(signum).name,
+            self.seconds,
+        )
+        self._timer = threading.Timer(self.seconds, self.expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def expire(self) -> None:
+        try:
+            left = self.abandoned()
+        except Exception as exc:  # the exit must happen whatever this says
+            left = f"(unknown: {exc!r})"
+        logging.getLogger("loopwatch.worker").error(
+            "stop did not finish within %.0f s: exiting now; abandoned: %s. Nothing "
+            "undelivered was acknowledged: those input records are processed again after "
+            "a restart",
+            self.seconds,
+            left,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def bounded_worker(base: Any, stop: BoundedStop) -> Any:
+    """faust's Worker class whose signal handling first arms `stop`."""
+
+    class BoundedWorker(base):  # type: ignore[misc]
+        def _schedule_shutdown(self, signum: signal.Signals) -> None:
+            stop.arm(signum)
+            super()._schedule_shutdown(signum)
+
+    return BoundedWorker
+
+
+def abandoned(service: Any) -> str:
+    """What a forced stop leaves behind: outputs awaiting delivery, the producer's buffer,
+    the broker's state."""
+    worker = service.worker
+    parts = [f"{worker.publisher.waiting} output(s) awaiting delivery"]
+    try:
+        buffered = service.app.producer.buffer.size
+        parts.append(f"{buffered} message(s) in the producer buffer")
+    except Exception:
+        pass
+    broker = worker.broker
+    parts.append(f"broker {broker.state} for {broker.seconds_in_state():.0f} s")
+    return ", ".join(parts)

@@ -64,8 +64,11 @@ class Publisher:
         *,
         first_backoff: float | None = None,
         max_backoff: float | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.metrics = metrics
+        self.on_failure = on_failure  # told of each failed delivery (the broker state)
+        self.waiting = 0  # outputs whose delivery is awaited (what a forced stop abandons)
         self.counters = counters
         self.stopping = stopping
         self.first_backoff = first_backoff
@@ -106,6 +109,14 @@ class Publisher:
         when the worker stops or a rebalance revokes its partitions meanwhile: a detect
         batch would otherwise write state of partitions it no longer owns after their new
         owner restored them."""
+        waiting = len(sent)
+        self.waiting += waiting
+        try:
+            await self._deliver(stage, sent)
+        finally:
+            self.waiting -= waiting
+
+    async def _deliver(self, stage: str, sent: list[Sent]) -> None:
         generation = self.generation
         delay = self.first_backoff or PUBLISH_RETRY_FIRST_SECONDS
         max_delay = self.max_backoff or PUBLISH_RETRY_MAX_SECONDS
@@ -121,6 +132,8 @@ class Publisher:
                 return
             if self.stopping() or self.generation != generation:
                 raise Abandoned
+            if self.on_failure is not None:
+                self.on_failure(f"{stage} output not delivered ({type(failed[0][1]).__name__})")
             self.metrics.publish_retries.labels(stage=stage).inc(len(failed))
             self.counters["publish_retries"] += len(failed)
             log.warning(

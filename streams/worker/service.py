@@ -24,6 +24,7 @@ deterministic event ids and fired markers in the run state.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -35,6 +36,7 @@ from typing import Any, cast
 from detectors.policy import Policy
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import Normalizer
+from streams.worker.broker import BROKER_PROBE_SECONDS, BrokerLink, MetadataProbe
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.delivery import Publisher
@@ -42,11 +44,15 @@ from streams.worker.detect import Detect
 from streams.worker.driver import RunDriver
 from streams.worker.ingest import Ingest, InputReader
 from streams.worker.skips import SkipGuard
+from streams.worker.statedir import writable
 from streams.worker.store import Tables
 from streams.worker.timers import Timers, release_free_memory
 from streams.worker.views import Views
 
 log = logging.getLogger("loopwatch.worker")
+
+# /healthz is not ready when nothing was processed for this long while records wait
+STALLED_SECONDS = 60.0
 
 COUNTERS = (
     "records",
@@ -106,7 +112,17 @@ class Worker:
             s.input_clock_max_lag_seconds,
             lambda: KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic),
         )
-        self.publisher = Publisher(metrics, self.counters, stopping)
+        self.broker = BrokerLink(metrics, reminder_seconds=s.broker_reminder_seconds)
+        self.broker_probe: Any = None  # MetadataProbe, made by the first probe
+        self.state_dir_error: str | None = None
+        self.crashed: dict[str, str] = {}  # agent -> the error that ended it
+        self._progress = (-1, time.monotonic())  # (records + detect batches, when it changed)
+        self.publisher = Publisher(
+            metrics,
+            self.counters,
+            stopping,
+            on_failure=lambda what: self.broker.failure("delivery", what),
+        )
         self.dead_letters = DeadLetters(
             topics["dead"], self.publisher, metrics, self.counters, s.dlq_capture_payload
         )
@@ -180,11 +196,109 @@ class Worker:
         for tp in revoked:
             self.metrics.forget_consumer_lag(tp.topic, tp.partition)
 
+    @contextlib.contextmanager
+    def agent_running(self, name: str) -> Iterator[None]:
+        """An agent's run: an error that ends it (a table write the disk refused) makes the
+        worker not ready, with the error, instead of a stream that silently stopped."""
+        try:
+            yield
+        except Exception as exc:
+            self.crashed[name] = f"{type(exc).__name__}: {exc}"[:300]
+            log.error("agent %s stopped: %s", name, self.crashed[name])
+            raise
+
+    async def probe_broker(self) -> None:
+        """Ask the broker for metadata (in an executor); update the broker state."""
+        s = self.settings
+        if self.broker_probe is None:
+            self.broker_probe = MetadataProbe(s.bootstrap, s.input_topic)
+        loop = asyncio.get_running_loop()
+        error = await loop.run_in_executor(None, self.broker_probe.read)
+        self.broker.probe_result(error is None, error or "")
+        # loopwatch_ready (and the stall check) follow readiness whether or not anyone asks
+        self.metrics.ready.set(0 if self.readiness()[0] == "not_ready" else 1)
+
+    async def check_state_dir(self) -> None:
+        """Write a small file in the data dir (in an executor): unhealthy while it fails."""
+        path = self.settings.data_path
+        error = await asyncio.get_running_loop().run_in_executor(None, writable, path)
+        if error != self.state_dir_error:
+            if error is not None:
+                log.error(
+                    "data dir %s is not writable: %s; table writes fail, so processing stops "
+                    "(nothing is acknowledged) and /healthz is not ready until it is fixed",
+                    path,
+                    error,
+                )
+            else:
+                log.warning("data dir %s is writable again", path)
+        self.state_dir_error = error
+
+    def stalled_seconds(self) -> float:
+        """Seconds without a record or detect batch processed while the consumer lag is
+        above 0 (0 when it is not): a consumer that stopped delivering records."""
+        done = self.counters["records"] + self.counters["detect_batches"]
+        now = time.monotonic()
+        if done != self._progress[0] or self.timers.max_lag == 0 or not self.ready:
+            self._progress = (done, now)
+        return now - self._progress[1]
+
+    def readiness(self) -> tuple[str, list[str]]:
+        """("ok" | "degraded" | "not_ready", reasons). not_ready: /healthz answers 503."""
+        s = self.settings
+        broker = self.broker
+        not_ready: list[str] = []
+        degraded: list[str] = []
+        if not self.ready:
+            not_ready.append(
+                "recovery not finished: partitions assigned, tables being restored"
+                if self.assigned()
+                else "no partitions assigned yet (starting or rebalancing)"
+            )
+        down = broker.disconnected_for()
+        if broker.state == "disconnected":
+            reason = f"broker disconnected for {down:.0f} s"
+            if down >= s.ready_broker_seconds:
+                not_ready.append(f"{reason} (bound {s.ready_broker_seconds:.0f} s)")
+            else:
+                degraded.append(reason)
+        elif broker.state == "degraded":
+            degraded.append(f"broker degraded: {broker.last_failure_what}")
+        lag = self.clock.lag_seconds()
+        if lag is not None and lag > s.ready_max_input_clock_lag_seconds:
+            not_ready.append(
+                f"input clock {lag:.0f} s behind (bound {s.ready_max_input_clock_lag_seconds:.0f} s)"
+            )
+        if (stalled := self.stalled_seconds()) >= STALLED_SECONDS:
+            not_ready.append(
+                f"nothing processed for {stalled:.0f} s with a consumer lag of "
+                f"{self.timers.max_lag} records"
+            )
+        if self.timers.max_lag > s.ready_max_consumer_lag:
+            not_ready.append(
+                f"consumer lag {self.timers.max_lag} records (bound {s.ready_max_consumer_lag})"
+            )
+        if self.state_dir_error is not None:
+            not_ready.append(f"data dir not writable: {self.state_dir_error}")
+        for name, error in sorted(self.crashed.items()):
+            not_ready.append(f"agent {name} stopped ({error}): restart the worker")
+        if not_ready:
+            return "not_ready", not_ready + degraded
+        if degraded:
+            return "degraded", degraded
+        return "ok", []
+
     def health(self) -> dict[str, Any]:
         s = self.settings
+        status, reasons = self.readiness()
+        self.metrics.ready.set(0 if status == "not_ready" else 1)
         return {
-            "status": "ok",
-            "ready": self.ready,
+            "status": status,
+            "ready": status != "not_ready",
+            "reasons": reasons,
+            "recovered": self.ready,
+            "broker": self.broker.snapshot(),
+            "consumer_lag_max": self.timers.max_lag,
             "active_runs": len(self.driver.index),
             "finished_markers": self.driver.finished_index.size,
             "assigned_partitions": sorted(self.assigned()) if self.ready else [],
@@ -329,10 +443,12 @@ class LoopwatchService:
         app.on_partitions_revoked.connect(on_revoked)
 
         async def ingest(stream: Any) -> None:
-            await worker.ingest.run(stream)
+            with worker.agent_running("ingest"):
+                await worker.ingest.run(stream)
 
         async def detect(stream: Any) -> None:
-            await worker.detect.run(stream, s.batch_max, s.batch_within_ms / 1000)
+            with worker.agent_running("detect"):
+                await worker.detect.run(stream, s.batch_max, s.batch_within_ms / 1000)
 
         if not keyed:
             app.agent(input_topic, name="ingest")(ingest)
@@ -357,6 +473,15 @@ class LoopwatchService:
         if worker.clock.input is not None:
             app.timer(interval=s.tick_seconds, name="loopwatch-input-clock")(input_clock)
         app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
+
+        async def broker() -> None:
+            await worker.probe_broker()
+
+        async def state_dir() -> None:
+            await worker.check_state_dir()
+
+        app.timer(interval=BROKER_PROBE_SECONDS, name="loopwatch-broker")(broker)
+        app.timer(interval=10.0, name="loopwatch-state-dir")(state_dir)
 
         Views(
             app,

@@ -47,6 +47,7 @@ class Timers:
         self.assigned = assigned
         self.lag_sources = lag_sources
         self.tick_sent: dict[int, float] = {}  # partition -> when its tick was sent
+        self.max_lag = 0  # the largest consumer lag of the last update (/healthz)
 
     def tick_handled(self, partition: int) -> None:
         self.tick_sent.pop(partition, None)
@@ -85,6 +86,7 @@ class Timers:
             assignment = consumer.assignment()
         except Exception:
             return
+        max_lag = 0
         for tp in assignment:
             if tp.topic not in self.lag_sources:
                 continue
@@ -96,7 +98,10 @@ class Timers:
             if highwater is None:
                 continue
             done = (position + 1) if position is not None else 0
-            self.metrics.set_consumer_lag(tp.topic, tp.partition, max(0, highwater - done))
+            lag = max(0, highwater - done)
+            max_lag = max(max_lag, lag)
+            self.metrics.set_consumer_lag(tp.topic, tp.partition, lag)
+        self.max_lag = max_lag
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

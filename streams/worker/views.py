@@ -1,4 +1,5 @@
-"""The on-call API served by faust's web server: ``/healthz``, ``/runs/{run_id}`` (routed
+"""The on-call API served by faust's web server: ``/healthz`` (readiness, also ``/readyz``:
+HTTP 503 when not ready), ``/livez`` (liveness: the event loop answers), ``/runs/{run_id}`` (routed
 to the worker owning the key), ``/loops`` and ``/runs`` summed from the windowed count
 tables (60 s tumbling, 24 h) of every worker, optional bearer token. Read-only; faust's own
 table/router/stats pages are turned off."""
@@ -59,7 +60,12 @@ class Views:
             )
 
         async def healthz(view: Any, request: Any) -> Any:
-            return view.json(views.health())
+            doc = views.health()
+            return view.json(doc, status=503 if doc.get("status") == "not_ready" else 200)
+
+        async def livez(view: Any, request: Any) -> Any:
+            # liveness: the process and its event loop answer (nothing else is asked)
+            return view.json({"status": "alive"})
 
         async def local_run(view: Any, request: Any, run_id: str) -> Any:
             key = run_id.encode("utf-8")
@@ -111,6 +117,8 @@ class Views:
             return view.json({"since": since, "rows": rows})
 
         app.page("/healthz")(healthz)
+        app.page("/readyz")(healthz)
+        app.page("/livez")(livez)
         app.page("/runs/{run_id}")(run_page)
         app.page("/loops")(loops_page)
         app.page("/runs")(runs_page)
