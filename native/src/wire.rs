@@ -1,8 +1,9 @@
 //! Protobuf wire reading for the OTLP trace messages, with the acceptance rules of upb (the
 //! decoder behind Python's `protobuf` package, which `streams/otlp/proto.py` uses):
 //!
-//! - a tag is a varint of at most 5 bytes whose value fits 32 bits; field number 0, wire types
-//!   6 and 7, and an end-group tag outside its group are corrupt;
+//! - a tag is a varint of at most 5 bytes whose value fits 32 bits; field number 0 (except
+//!   inside an unknown group), wire types 6 and 7, and an end-group tag outside its group
+//!   are corrupt;
 //! - a varint has at most 10 bytes (bits past 64 are dropped); a length has at most 5 bytes;
 //!   a submessage must fit in the enclosing message; any other field is read against the
 //!   whole input and a field that ends past its message's end is corrupt (a string's UTF-8
@@ -123,11 +124,22 @@ impl<'a> Rd<'a> {
         Err(WireErr::Malformed)
     }
 
+    /// A field's tag; field number 0 is corrupt in a message (but not inside an unknown
+    /// group, where upb only matches the end tag: `group_tag`).
     #[inline]
     fn tag(&mut self) -> Res<(u32, u8)> {
+        let (field, wt) = self.group_tag()?;
+        if field == 0 {
+            return Err(WireErr::Malformed);
+        }
+        Ok((field, wt))
+    }
+
+    #[inline]
+    fn group_tag(&mut self) -> Res<(u32, u8)> {
         let t = self.varint32()?;
         let (field, wt) = (t >> 3, (t & 7) as u8);
-        if field == 0 || wt > 5 {
+        if wt > 5 {
             return Err(WireErr::Malformed);
         }
         Ok((field, wt))
@@ -209,7 +221,7 @@ impl<'a> Rd<'a> {
             if !self.more()? {
                 return Err(WireErr::Malformed);
             }
-            let (f, wt) = self.tag()?;
+            let (f, wt) = self.group_tag()?;
             if wt == EGROUP {
                 return if f == field {
                     Ok(())

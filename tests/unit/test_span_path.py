@@ -10,6 +10,7 @@ import os
 import pytest
 
 from streams import cli, native
+from streams.otlp import proto
 
 
 def test_version_names_the_active_path(capsys: pytest.CaptureFixture[str]) -> None:
@@ -19,6 +20,13 @@ def test_version_names_the_active_path(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert out.startswith("loopwatch ") and out.count("\n") == 1
     assert f"span path: {native.ACTIVE} (" in out
+
+
+def test_decode_proto_follows_the_active_path() -> None:
+    if native.ACTIVE == "native":
+        assert proto.decode_proto is proto._decode_native
+    else:
+        assert proto.decode_proto is proto.decode_proto_py
 
 
 def test_fallback_warns_once_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
