@@ -2,6 +2,8 @@
 //! the same values and the same DecodeError messages as `streams/otlp/proto.py` (the
 //! reference; `tests/unit/test_native.py` runs both on the same inputs).
 
+use std::collections::HashMap;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
@@ -45,7 +47,14 @@ fn wrap_key(py: Python<'_>, key: &str, reason: String) -> Fail {
     }
 }
 
-fn conv_val<'py>(py: Python<'py>, v: &Val<'_>) -> Result<Bound<'py, PyAny>, Fail> {
+/// Attribute keys repeat across the spans of a request: one Python str per distinct key.
+type Keys<'a, 'py> = HashMap<&'a str, Bound<'py, PyString>>;
+
+fn conv_val<'a, 'py>(
+    py: Python<'py>,
+    keys: &mut Keys<'a, 'py>,
+    v: &Val<'a>,
+) -> Result<Bound<'py, PyAny>, Fail> {
     Ok(match v {
         Val::Str(s) => PyString::new(py, s).into_any(),
         Val::Unset => py.None().into_bound(py),
@@ -56,27 +65,34 @@ fn conv_val<'py>(py: Python<'py>, v: &Val<'_>) -> Result<Bound<'py, PyAny>, Fail
         Val::Array(items) => {
             let list = PyList::empty(py);
             for x in items {
-                list.append(conv_val(py, x)?)?;
+                list.append(conv_val(py, keys, x)?)?;
             }
             list.into_any()
         }
-        Val::KvList(kvs) => conv_attrs(py, kvs)?.into_any(),
+        Val::KvList(kvs) => conv_attrs(py, keys, kvs)?.into_any(),
         Val::StrIndex => return Err(Fail::Bad(STRINDEX.to_string())),
     })
 }
 
-fn conv_attrs<'py>(py: Python<'py>, kvs: &[Kv<'_>]) -> Result<Bound<'py, PyDict>, Fail> {
+fn conv_attrs<'a, 'py>(
+    py: Python<'py>,
+    keys: &mut Keys<'a, 'py>,
+    kvs: &[Kv<'a>],
+) -> Result<Bound<'py, PyDict>, Fail> {
     let d = PyDict::new(py);
     for kv in kvs {
         let value = match &kv.val {
             Val::Str(s) if !s.is_empty() => PyString::new(py, s).into_any(),
-            other => match conv_val(py, other) {
+            other => match conv_val(py, keys, other) {
                 Ok(x) => x,
                 Err(Fail::Bad(reason)) => return Err(wrap_key(py, kv.key, reason)),
                 Err(e) => return Err(e),
             },
         };
-        d.set_item(PyString::new(py, kv.key), value)?;
+        let key = keys
+            .entry(kv.key)
+            .or_insert_with(|| PyString::new(py, kv.key));
+        d.set_item(&*key, value)?;
     }
     Ok(d)
 }
@@ -151,9 +167,10 @@ fn decode_proto<'py>(
         }
     };
     let out = PyList::empty(py);
+    let mut keys: Keys<'_, 'py> = HashMap::new();
     let mut n = 0usize;
     for (ri, rs) in tree.iter().enumerate() {
-        let resource = match conv_attrs(py, &rs.resource) {
+        let resource = match conv_attrs(py, &mut keys, &rs.resource) {
             Ok(d) => d,
             Err(Fail::Bad(reason)) => {
                 let place = format!("resourceSpans[{}].resource", ri);
@@ -164,7 +181,7 @@ fn decode_proto<'py>(
         for ss in &rs.scopes {
             let scope_name = PyString::new(py, ss.scope_name);
             for sp in &ss.spans {
-                match span_record(py, sp, &resource, &scope_name, record, event) {
+                match span_record(py, &mut keys, sp, &resource, &scope_name, record, event) {
                     Ok(r) => out.append(r)?,
                     Err(Fail::Bad(reason)) => {
                         let place = format!("span {}", n);
@@ -179,9 +196,10 @@ fn decode_proto<'py>(
     Ok(out)
 }
 
-fn span_record<'py>(
+fn span_record<'a, 'py>(
     py: Python<'py>,
-    sp: &wire::Span<'_>,
+    keys: &mut Keys<'a, 'py>,
+    sp: &wire::Span<'a>,
     resource: &Bound<'py, PyDict>,
     scope_name: &Bound<'py, PyString>,
     record: &Bound<'py, PyAny>,
@@ -196,10 +214,10 @@ fn span_record<'py>(
     {
         return Err(Fail::Bad(id_problem(tid, sid, pid)));
     }
-    let attrs = conv_attrs(py, &sp.attrs)?;
+    let attrs = conv_attrs(py, keys, &sp.attrs)?;
     let events = PyList::empty(py);
     for (i, ev) in sp.events.iter().enumerate() {
-        let ev_attrs = match conv_attrs(py, &ev.attrs) {
+        let ev_attrs = match conv_attrs(py, keys, &ev.attrs) {
             Ok(d) => d,
             Err(Fail::Bad(reason)) => return Err(Fail::Bad(format!("event {}: {}", i, reason))),
             Err(e) => return Err(e),
