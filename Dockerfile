@@ -23,8 +23,9 @@ COPY pyproject.toml README.md ./
 COPY detectors ./detectors
 COPY streams ./streams
 COPY alerts ./alerts
+RUN pip install . && rm -rf /src
 COPY --from=native /wheels /wheels
-RUN pip install /wheels/*.whl . && rm -rf /src /wheels \
+RUN pip install /wheels/*.whl && rm -rf /wheels \
     && python -c "from streams import native; assert native.ACTIVE == 'native', native.describe()"
 
 # Unprivileged user; faust keeps its table state (rocksdb) under the working directory.
