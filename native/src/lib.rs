@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
+mod digest;
 mod wire;
 
 /// A Rust integer as a Python int (the conversion cannot fail).
@@ -262,5 +263,6 @@ fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(decode_proto, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
+    m.add_class::<digest::Digests>()?;
     Ok(())
 }
