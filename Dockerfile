@@ -1,4 +1,15 @@
 # loopwatch worker image: `docker build -t loopwatch .` ; run with `loopwatch worker`.
+
+# Builder stage: the native span path (native/, Rust + pyo3) as a wheel, with Debian's cargo.
+FROM python:3.11-slim AS native
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cargo \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src/native
+COPY native/Cargo.toml native/Cargo.lock native/pyproject.toml ./
+COPY native/src ./src
+RUN pip wheel --no-cache-dir --no-deps -w /wheels .
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -13,6 +24,9 @@ COPY detectors ./detectors
 COPY streams ./streams
 COPY alerts ./alerts
 RUN pip install . && rm -rf /src
+COPY --from=native /wheels /wheels
+RUN pip install /wheels/*.whl && rm -rf /wheels \
+    && python -c "from streams import native; assert native.ACTIVE == 'native', native.describe()"
 
 # Unprivileged user; faust keeps its table state (rocksdb) under the working directory.
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/loopwatch loopwatch

@@ -15,7 +15,16 @@ help: ## list the targets
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-install: .venv/.installed ## create .venv and install loopwatch with its dev tools
+# the compiled span path (native/): built when a Rust toolchain is there or can be installed,
+# else one line says what is missing and the pure-Python path is used (scripts/build-native.sh)
+NATIVE_SRC := $(wildcard native/src/*.rs) native/Cargo.toml native/Cargo.lock native/pyproject.toml
+.venv/.native: .venv/.installed $(NATIVE_SRC)
+	@scripts/build-native.sh
+
+native: .venv/.installed ## (re)build the native extension loopwatch_native into .venv
+	@scripts/build-native.sh
+
+install: .venv/.installed .venv/.native ## create .venv, install loopwatch with its dev tools, build the native span path
 
 tools: ## install the system tools the tests use (JDK check, prometheus, promtool, alertmanager)
 	scripts/install-tools.sh
@@ -29,10 +38,10 @@ kafka-down: ## stop the local Kafka broker
 run: .venv/.installed ## start broker + worker + API, produce the examples, print loop_detected events (Ctrl-C stops all)
 	scripts/run-local.sh
 
-replay: .venv/.installed ## replay the examples without a broker and print events
+replay: .venv/.installed .venv/.native ## replay the examples without a broker and print events
 	.venv/bin/loopwatch replay --config examples/loopwatch.yaml examples/
 
-test: .venv/.installed ## run the whole test suite (starts the local broker; installs missing tools)
+test: .venv/.installed .venv/.native ## run the whole test suite (starts the local broker; installs missing tools)
 	scripts/install-tools.sh
 	scripts/kafka.sh start
 	$(PY) -m pytest
@@ -45,7 +54,7 @@ lint: .venv/.installed ## ruff + mypy (strict on detectors/)
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy detectors streams alerts bench
 
-bench: .venv/.installed ## run the benchmarks and print the results table (writes bench/results/*.json)
+bench: .venv/.installed .venv/.native ## run the benchmarks and print the results table (writes bench/results/*.json)
 	scripts/kafka.sh start
 	$(PY) -m bench
 
@@ -53,6 +62,6 @@ examples: .venv/.installed ## regenerate examples/ with the real opentelemetry-s
 	$(PY) examples/generate.py
 
 clean: ## remove caches (keeps .venv and the Kafka download cache)
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info native/target
 
-.PHONY: help install tools kafka-up kafka-down run replay test chaos lint bench examples clean
+.PHONY: help native install tools kafka-up kafka-down run replay test chaos lint bench examples clean

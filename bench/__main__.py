@@ -65,14 +65,29 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [
         (
-            "decode ceiling (OTLP protobuf parse + attribute read)",
+            "decode ceiling (Python: upb parse + attribute read)",
             f"{replay['decode_ceiling_spans_per_s']:,.0f} spans/s",
             f"1 core, best of {replay['rounds']} alternating rounds",
         ),
         (
+            "native decode (loopwatch_native, same corpus)",
+            (
+                f"{replay['native_decode_spans_per_s']:,.0f} spans/s"
+                if replay["native_decode_spans_per_s"]
+                else "not used"
+            ),
+            (
+                f"1 core, best of {replay['rounds']}, "
+                f"x{replay['native_decode_spans_per_s'] / replay['decode_ceiling_spans_per_s']:.1f}"
+                " the Python ceiling"
+                if replay["native_decode_spans_per_s"]
+                else str(replay["span_path_detail"])
+            ),
+        ),
+        (
             "loopwatch replay (decode + normalize + detect)",
             f"{replay['replay_spans_per_s']:,.0f} spans/s",
-            f"1 core, best of {replay['rounds']}",
+            f"1 core, best of {replay['rounds']}, {replay['span_path']} span path",
         ),
         ("replay / ceiling", f"{replay['replay_to_ceiling']:.0%}", "target >= 40%"),
         (

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
+from streams import native
 from streams.engine import Engine
 from streams.otlp import decode_proto
+from streams.otlp.proto import decode_proto_py
 from streams.runtime import tune_gc
+from streams.spans import SpanRecord
 from streams.worker.codec import encode_state
 
 
@@ -23,11 +27,15 @@ def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def decode_ceiling(messages: list[bytes]) -> tuple[int, float]:
+def decode_ceiling(
+    messages: list[bytes], decode: Callable[[bytes], list[SpanRecord]] = decode_proto_py
+) -> tuple[int, float]:
+    """Bare decode rate: the pure-Python (upb) decoder by default, the issue's "ceiling";
+    `decode=` measures another decoder (the native one) the same way."""
     spans = 0
     started = time.perf_counter()
     for message in messages:
-        for span in decode_proto(message):
+        for span in decode(message):
             spans += 1
             for _value in span.attributes.values():
                 pass
@@ -78,13 +86,20 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
     # Warm up both paths once (imports, caches), then measure them in alternating rounds
     # on the same corpus and keep each one's best: on a shared machine a single pair of
     # runs moved the ratio by half of itself (18-35% for the same code).
+    native_decode = decode_proto if native.ACTIVE == "native" else None
     decode_ceiling(messages[:20])
+    if native_decode is not None:
+        decode_ceiling(messages[:20], native_decode)
     replay_engine(messages[:20], policy_path)
     tune_gc()  # as `loopwatch replay` runs (both paths measured under it)
-    ceiling_s = replay_s = float("inf")
+    ceiling_s = replay_s = native_s = float("inf")
     for _ in range(rounds):
         ceiling_spans, seconds = decode_ceiling(messages)
         ceiling_s = min(ceiling_s, seconds)
+        if native_decode is not None:
+            native_spans, seconds = decode_ceiling(messages, native_decode)
+            native_s = min(native_s, seconds)
+            assert native_spans == ceiling_spans
         replay_spans, seconds, engine = replay_engine(messages, policy_path)
         replay_s = min(replay_s, seconds)
     assert ceiling_spans == replay_spans
@@ -93,6 +108,11 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         "spans": ceiling_spans,
         "messages": len(messages),
         "decode_ceiling_spans_per_s": ceiling_spans / ceiling_s,
+        "span_path": native.ACTIVE,
+        "span_path_detail": native.describe(),
+        "native_decode_spans_per_s": (
+            ceiling_spans / native_s if native_decode is not None else None
+        ),
         "replay_spans_per_s": replay_spans / replay_s,
         "replay_to_ceiling": (replay_spans / replay_s) / (ceiling_spans / ceiling_s),
         "rounds": rounds,

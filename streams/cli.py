@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loopwatch", description="Production loop alarms for AI agents."
     )
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="print the version and the span path"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("replay", help="run the detectors over OTLP export files (no broker)")
@@ -275,6 +278,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_line() -> str:
+    """'loopwatch 0.1.0, span path: native (loopwatch_native 0.1.0)' (or python, and why)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from streams import native
+
+    try:
+        v = version("loopwatch")
+    except PackageNotFoundError:
+        v = "unknown"
+    return f"loopwatch {v}, span path: {native.describe()}"
+
+
+class _VersionAction(argparse.Action):
+    """argparse's own version action wraps the line; this one prints it as is."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+# the commands that decode spans: they say so, in one line, when the extension is not used
+SPAN_COMMANDS = ("replay", "gate", "inspect", "worker")
+
+
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     def call(args: argparse.Namespace) -> int:
         import importlib
@@ -296,6 +324,10 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in SPAN_COMMANDS:
+        from streams import native
+
+        native.warn_if_fallback()
     try:
         return int(args.func(args))
     except LoopwatchError as exc:

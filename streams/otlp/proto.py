@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from streams import native
 from streams.errors import DecodeError
 from streams.otlp.common import ANY_VALUE_KINDS, SPAN_ID_BYTES, TRACE_ID_BYTES, _at, _Bad
 from streams.spans import SpanEvent, SpanRecord
@@ -107,8 +108,9 @@ def _pb_id_problem(tid: bytes, sid: bytes, pid: bytes) -> str:
     return "has an all-zero (invalid) traceId or spanId"
 
 
-def decode_proto(data: bytes, source: str = "record") -> list[SpanRecord]:
-    """Decode one serialized ExportTraceServiceRequest / TracesData (protobuf)."""
+def decode_proto_py(data: bytes, source: str = "record") -> list[SpanRecord]:
+    """Decode one serialized ExportTraceServiceRequest / TracesData (protobuf): the
+    pure-Python (upb) decoder, the fallback and the reference for the native one."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeError(f"{source}: expected bytes for otlp_proto, got {type(data).__name__}")
     req = ExportTraceServiceRequest()
@@ -178,3 +180,18 @@ def decode_proto(data: bytes, source: str = "record") -> list[SpanRecord]:
     except _Bad as e:
         raise DecodeError(f"{source}: {_at(where or f'span {len(out)}', str(e))}") from None
     return out
+
+
+def _decode_native(data: bytes, source: str = "record") -> list[SpanRecord]:
+    """The compiled decoder (loopwatch_native): the same records and messages as
+    `decode_proto_py` for `bytes`; other buffer types take the Python path."""
+    if type(data) is not bytes:
+        return decode_proto_py(data, source)
+    return _NATIVE_DECODE(data, source, SpanRecord, SpanEvent, DecodeError)  # type: ignore[no-any-return]
+
+
+if native.EXT is not None:
+    _NATIVE_DECODE: Final = native.EXT.decode_proto
+    decode_proto = _decode_native
+else:
+    decode_proto = decode_proto_py

@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from detectors.policy import Policy
+from streams import native
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import Normalizer
 from streams.worker.broker import BROKER_PROBE_SECONDS, BrokerLink, MetadataProbe
@@ -310,6 +311,7 @@ class Worker:
                 None if (lag := self.clock.lag_seconds()) is None else round(lag, 1)
             ),
             "app_id": s.app_id,
+            "span_path": native.ACTIVE,
             "uptime_seconds": round(time.time() - self.started, 1),
         }
 

@@ -135,6 +135,11 @@ def test_worker_service(compose: dict[str, Any]) -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
     assert re.search(r"^RUN pip install \.", dockerfile, re.M)
+    # the native span path: built in a builder stage, installed and checked in the image
+    assert re.search(r"^FROM python:3\.11-slim AS native$", dockerfile, re.M)
+    assert re.search(r"^COPY native/src \./src$", dockerfile, re.M)
+    assert "COPY --from=native /wheels /wheels" in dockerfile
+    assert "native.ACTIVE == 'native'" in dockerfile
     assert 'ENTRYPOINT ["loopwatch"]' in dockerfile and 'CMD ["worker"]' in dockerfile
     # everything the package needs is copied into the image
     for pkg in ("detectors", "streams", "alerts"):

@@ -1,0 +1,268 @@
+//! loopwatch_native: the compiled span path. Today: OTLP protobuf bytes -> SpanRecord values,
+//! the same values and the same DecodeError messages as `streams/otlp/proto.py` (the
+//! reference; `tests/unit/test_native.py` runs both on the same inputs).
+
+use std::collections::HashMap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
+
+mod digest;
+mod wire;
+
+/// A Rust integer as a Python int (the conversion cannot fail).
+macro_rules! int {
+    ($py:expr, $x:expr) => {
+        match $x.into_pyobject($py) {
+            Ok(v) => v.into_any(),
+            Err(e) => match e {},
+        }
+    };
+}
+
+use wire::{Kv, Val};
+
+/// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
+/// an extension built from another version (a stale build) and falls back to Python.
+const API: u32 = 1;
+
+const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
+
+/// Why a conversion failed: a decoding problem (message without the source) or a Python error.
+enum Fail {
+    Bad(String),
+    Py(PyErr),
+}
+
+impl From<PyErr> for Fail {
+    fn from(e: PyErr) -> Self {
+        Fail::Py(e)
+    }
+}
+
+/// "attribute 'k': <reason>", the key shown with Python's repr().
+fn wrap_key(py: Python<'_>, key: &str, reason: String) -> Fail {
+    match PyString::new(py, key).repr() {
+        Ok(r) => Fail::Bad(format!("attribute {}: {}", r, reason)),
+        Err(e) => Fail::Py(e),
+    }
+}
+
+/// Attribute keys repeat across the spans of a request: one Python str per distinct key.
+type Keys<'a, 'py> = HashMap<&'a str, Bound<'py, PyString>>;
+
+fn conv_val<'a, 'py>(
+    py: Python<'py>,
+    keys: &mut Keys<'a, 'py>,
+    v: &Val<'a>,
+) -> Result<Bound<'py, PyAny>, Fail> {
+    Ok(match v {
+        Val::Str(s) => PyString::new(py, s).into_any(),
+        Val::Unset => py.None().into_bound(py),
+        Val::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Val::Int(i) => int!(py, *i),
+        Val::Double(d) => PyFloat::new(py, *d).into_any(),
+        Val::Bytes(b) => PyBytes::new(py, b).into_any(),
+        Val::Array(items) => {
+            let list = PyList::empty(py);
+            for x in items {
+                list.append(conv_val(py, keys, x)?)?;
+            }
+            list.into_any()
+        }
+        Val::KvList(kvs) => conv_attrs(py, keys, kvs)?.into_any(),
+        Val::StrIndex => return Err(Fail::Bad(STRINDEX.to_string())),
+    })
+}
+
+fn conv_attrs<'a, 'py>(
+    py: Python<'py>,
+    keys: &mut Keys<'a, 'py>,
+    kvs: &[Kv<'a>],
+) -> Result<Bound<'py, PyDict>, Fail> {
+    let d = PyDict::new(py);
+    for kv in kvs {
+        let value = match &kv.val {
+            Val::Str(s) if !s.is_empty() => PyString::new(py, s).into_any(),
+            other => match conv_val(py, keys, other) {
+                Ok(x) => x,
+                Err(Fail::Bad(reason)) => return Err(wrap_key(py, kv.key, reason)),
+                Err(e) => return Err(e),
+            },
+        };
+        let key = keys
+            .entry(kv.key)
+            .or_insert_with(|| PyString::new(py, kv.key));
+        d.set_item(&*key, value)?;
+    }
+    Ok(d)
+}
+
+fn hex(b: &[u8]) -> String {
+    const H: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(b.len() * 2);
+    for &x in b {
+        s.push(H[(x >> 4) as usize] as char);
+        s.push(H[(x & 15) as usize] as char);
+    }
+    s
+}
+
+fn id_problem(tid: &[u8], sid: &[u8], pid: &[u8]) -> String {
+    for (name, value, size) in [
+        ("traceId", tid, 16usize),
+        ("spanId", sid, 8),
+        ("parentSpanId", pid, 8),
+    ] {
+        if value.is_empty() {
+            if name != "parentSpanId" {
+                return format!("missing {}", name);
+            }
+        } else if value.len() != size {
+            return format!("has {} of {} bytes, expected {}", name, value.len(), size);
+        }
+    }
+    "has an all-zero (invalid) traceId or spanId".to_string()
+}
+
+/// streams.otlp.common._at
+fn at(place: &str, reason: &str) -> String {
+    if reason.starts_with("has ") || reason.starts_with("missing ") || reason.starts_with("is ") {
+        format!("{} {}", place, reason)
+    } else {
+        format!("{}: {}", place, reason)
+    }
+}
+
+fn all_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
+}
+
+/// decode_proto(data, source, record, event, error) -> list[record]
+///
+/// `record` / `event` are the SpanRecord / SpanEvent classes (called positionally), `error` the
+/// exception class raised with "<source>: <reason>" for malformed input.
+#[pyfunction]
+fn decode_proto<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    source: &str,
+    record: &Bound<'py, PyAny>,
+    event: &Bound<'py, PyAny>,
+    error: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
+    let raise = |msg: String| -> PyErr {
+        match error.call1((msg,)) {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    };
+    let tree = match wire::parse_request(data.as_bytes()) {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(raise(format!(
+                "{}: truncated or corrupt protobuf: {}",
+                source,
+                e.reason()
+            )))
+        }
+    };
+    let out = PyList::empty(py);
+    let mut keys: Keys<'_, 'py> = HashMap::new();
+    let mut n = 0usize;
+    for (ri, rs) in tree.iter().enumerate() {
+        let resource = match conv_attrs(py, &mut keys, &rs.resource) {
+            Ok(d) => d,
+            Err(Fail::Bad(reason)) => {
+                let place = format!("resourceSpans[{}].resource", ri);
+                return Err(raise(format!("{}: {}", source, at(&place, &reason))));
+            }
+            Err(Fail::Py(e)) => return Err(e),
+        };
+        for ss in &rs.scopes {
+            let scope_name = PyString::new(py, ss.scope_name);
+            for sp in &ss.spans {
+                match span_record(py, &mut keys, sp, &resource, &scope_name, record, event) {
+                    Ok(r) => out.append(r)?,
+                    Err(Fail::Bad(reason)) => {
+                        let place = format!("span {}", n);
+                        return Err(raise(format!("{}: {}", source, at(&place, &reason))));
+                    }
+                    Err(Fail::Py(e)) => return Err(e),
+                }
+                n += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn span_record<'a, 'py>(
+    py: Python<'py>,
+    keys: &mut Keys<'a, 'py>,
+    sp: &wire::Span<'a>,
+    resource: &Bound<'py, PyDict>,
+    scope_name: &Bound<'py, PyString>,
+    record: &Bound<'py, PyAny>,
+    event: &Bound<'py, PyAny>,
+) -> Result<Bound<'py, PyAny>, Fail> {
+    let (tid, sid, pid) = (sp.trace_id, sp.span_id, sp.parent);
+    if tid.len() != 16
+        || sid.len() != 8
+        || (!pid.is_empty() && pid.len() != 8)
+        || all_zero(tid)
+        || all_zero(sid)
+    {
+        return Err(Fail::Bad(id_problem(tid, sid, pid)));
+    }
+    let attrs = conv_attrs(py, keys, &sp.attrs)?;
+    let events = PyList::empty(py);
+    for (i, ev) in sp.events.iter().enumerate() {
+        let ev_attrs = match conv_attrs(py, keys, &ev.attrs) {
+            Ok(d) => d,
+            Err(Fail::Bad(reason)) => return Err(Fail::Bad(format!("event {}: {}", i, reason))),
+            Err(e) => return Err(e),
+        };
+        events.append(event.call1((PyString::new(py, ev.name), ev.time, ev_attrs))?)?;
+    }
+    let parent: Bound<'py, PyAny> = if !pid.is_empty() && !all_zero(pid) {
+        PyString::new(py, &hex(pid)).into_any()
+    } else {
+        py.None().into_bound(py)
+    };
+    let args = PyTuple::new(
+        py,
+        [
+            PyString::new(py, &hex(tid)).into_any(),
+            PyString::new(py, &hex(sid)).into_any(),
+            parent,
+            PyString::new(py, sp.name).into_any(),
+            int!(py, sp.kind),
+            int!(py, sp.start),
+            int!(py, sp.end),
+            int!(py, sp.status_code),
+            PyString::new(py, sp.status_message).into_any(),
+            attrs.into_any(),
+            resource.clone().into_any(),
+            events.into_any(),
+            scope_name.clone().into_any(),
+        ],
+    )?;
+    Ok(record.call1(args)?)
+}
+
+/// The wire schema the parser knows: [(message, field number, kind)], for the descriptor test.
+#[pyfunction]
+fn schema() -> Vec<(&'static str, u32, &'static str)> {
+    wire::SCHEMA.to_vec()
+}
+
+#[pymodule]
+fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("API", API)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(decode_proto, m)?)?;
+    m.add_function(wrap_pyfunction!(schema, m)?)?;
+    m.add_class::<digest::Digests>()?;
+    Ok(())
+}
