@@ -2,15 +2,15 @@
 (`RunDriver`), then its events and summaries out, then its state.
 
 It takes messages in batches (``stream.take_events``): each run's steps of the batch are
-applied in arrival order and the batch's events and summaries are sent. Outputs and state are
-flushed together, once per ``LOOPWATCH_STATE_FLUSH_SECONDS`` (1 s, faust's commit interval;
-0 = after every batch), in the order of Kafka Streams' record cache and quix-streams'
-``Checkpoint.commit``: wait until the broker has every output sent since the last flush
-(sending again what failed), then write each run touched since then to the table once
-(changelog + rocksdb), then acknowledge the records, so the next commit (which flushes
-the producer, changelog included, before committing offsets) never commits a record whose
-effects are not in the changelog, and a state whose fired markers reached the changelog
-never belongs to an undelivered event. A crash or a rebalance between the steps leaves the
+applied in arrival order. The batch's events and summaries are sent and acknowledged by the
+broker *before* any of its table writes, so a state whose fired markers reached the
+changelog never belongs to an undelivered event. State writes are coalesced over batches
+(``LOOPWATCH_STATE_FLUSH_SECONDS``, 1 s, faust's commit interval; 0 = every batch), in
+the order of Kafka Streams' record cache and quix-streams' ``Checkpoint.commit``: outputs
+delivered (per batch), then each run touched since the last flush written to the table once
+(changelog + rocksdb), then the records acknowledged, so the next commit (which flushes the
+producer, changelog included, before committing offsets) never commits a record whose
+effects are not in the changelog. A crash or a rebalance between the steps leaves the
 records unacknowledged: the next owner reprocesses them over the state of the last flush,
 its dedup set drops what that state already holds and its fired markers stop re-emission
 (outputs are at-least-once with deterministic ids). A tick
@@ -84,13 +84,11 @@ class Detect:
         self.counters = counters
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
-        # Coalesced flushes (see the module doc): what was processed since the last flush,
-        # acknowledged once its outputs are delivered and its state is written.
+        # Coalesced state writes (see the module doc): what was processed since the last
+        # flush, acknowledged once its state is written.
         self.flush_seconds = flush_seconds
         self.max_held = max_held  # records held unacknowledged before a flush is forced
         self.held: list[Any] = []  # processed records, acked after the flush
-        self.held_sent: list[Sent] = []  # outputs and dead letters, delivered by the flush
-        self.held_outputs: list[tuple[int, Outputs]] = []  # counted once delivered
         self.held_refetched: list[Any] = []  # read-back records, acked after the flush
         self.held_partitions: dict[int, Any] = {}  # a held event per partition written
         self.last_flush = time.monotonic()
@@ -118,10 +116,7 @@ class Detect:
         if self.held and not self.lock.locked():
             async with self.lock:
                 if self.held and time.monotonic() - self.last_flush >= self.flush_seconds:
-                    try:
-                        await self.flush()
-                    except Abandoned:
-                        log.info("detect: a flush waiting for delivery was abandoned")
+                    await self.flush()
 
     def revoked(self) -> None:
         """A rebalance: what was not flushed is the next owner's to redo (unacked)."""
@@ -130,29 +125,14 @@ class Detect:
     def discard(self) -> None:
         self.driver.discard_writes()
         self.held.clear()
-        self.held_sent.clear()
-        self.held_outputs.clear()
         self.held_refetched.clear()
         self.held_partitions.clear()
 
     async def flush(self) -> None:
-        """Wait until every output sent since the last flush is delivered, then write the
-        state of every run touched since then once (in an event of its partition: faust's
-        changelog and rocksdb writes), then acknowledge the records that produced them:
-        the next commit flushes the producer, changelog included, before it commits their
-        offsets. Raises Abandoned (everything held dropped, unacked) when the worker stops
-        or its partitions are revoked while waiting."""
-        generation = self.publisher.generation
-        try:
-            await self.publisher.deliver("detect", self.held_sent)
-            if self.publisher.generation != generation:
-                raise Abandoned  # revoked meanwhile: the state is the next owner's
-        except BaseException:
-            self.discard()
-            raise
-        self._count(self.held_outputs, self.held_partitions)
-        self.held_sent = []
-        self.held_outputs = []
+        """The state of every run touched since the last flush, written once (in the event
+        of its partition: faust's changelog and rocksdb writes), then the records that
+        produced it acknowledged: the next commit flushes the producer, changelog
+        included, before it commits their offsets."""
         tables = self.tables
         by_name = {"runs": tables.runs, "finished": tables.finished}
         held_partitions = self.held_partitions
@@ -207,18 +187,15 @@ class Detect:
                     )
         partition_event: dict[int, Any] = {}
         outputs = await self._detect(groups, ticks, partition_event, dead)
-        # outputs sent now, delivered (acknowledged by the broker) before the state that
-        # fired them is written, by the flush
+        # outputs, acknowledged by the broker before the state that fired them
         try:
-            sent = await self._send(outputs)
+            await self._publish(outputs, partition_event)
+            await self.publisher.deliver("detect", dead)
             if self.publisher.generation != generation:
                 raise Abandoned  # revoked meanwhile: the state is the next owner's
         except BaseException:
             self.discard()  # with the unflushed batches before it: all unacked, redone
             raise
-        self.held_sent += sent
-        self.held_sent += dead
-        self.held_outputs += outputs
         self.held += events
         self.held_refetched += refetched
         self.held_partitions.update(partition_event)
@@ -320,8 +297,10 @@ class Detect:
             partition_event[partition] = event
         return outputs
 
-    async def _send(self, outputs: list[tuple[int, Outputs]]) -> list[Sent]:
-        """Send the events and summaries (their delivery is awaited by the flush)."""
+    async def _publish(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
+        """Send the events and summaries, wait for the broker's acks (sending again what
+        failed), then count them."""
+        m = self.metrics
         send = self.publisher.send
         sent = []
         for _, out in outputs:
@@ -331,11 +310,7 @@ class Detect:
             for summary in out.summaries:
                 key = summary["run_id"].encode("utf-8")
                 sent.append(await send(Outgoing(self.runs_topic, key, to_json(summary))))
-        return sent
-
-    def _count(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
-        """Count delivered outputs: metrics, and the windowed counters behind the API."""
-        m = self.metrics
+        await self.publisher.deliver("detect", sent)
         loops: dict[tuple[int, str], int] = {}
         runs: dict[tuple[int, str], int] = {}
 

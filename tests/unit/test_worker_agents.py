@@ -256,8 +256,7 @@ async def test_state_writes_are_coalesced_until_the_flush(make: Any, fakes: Fake
     shapes = [json.loads(m["value"])["shape"] for m in service.topics["events"].sent]
     assert shapes == ["identical_repetition"]  # the second batch read the first's state
     assert ("write", "runs") not in fakes.log and not any(e[0] == "ack" for e in fakes.log)
-    assert len(service.detect.held) == 2 and len(service.detect.held_sent) == 1
-    assert sum(service.tables.loop_counts.values()) == 0  # counted once delivered
+    assert len(service.detect.held) == 2
     await service.detect.flush()
     writes = [e for e in fakes.log if e == ("write", "runs")]
     assert len(writes) == 1  # once per flush, not once per batch
@@ -265,26 +264,6 @@ async def test_state_writes_are_coalesced_until_the_flush(make: Any, fakes: Fake
     assert all(e[0] != "ack" for e in fakes.log[:first_write])
     assert [e for e in fakes.log if e[0] == "ack"] == [("ack", 0), ("ack", 1)]
     assert service.detect.held == [] and len(service.tables.runs) == 1
-    assert sum(service.tables.loop_counts.values()) == 1
-
-
-async def test_a_flush_delivers_the_outputs_before_it_writes_the_state(
-    make: Any, fakes: Fakes, fast_retries: None
-) -> None:
-    """Outputs are sent by each batch but waited for by the flush: one that failed is sent
-    again there, and the state that fired it is written only after it was delivered."""
-    service = make(LOOPWATCH_STATE_FLUSH_SECONDS="3600")
-    service.detect.ack = AckLog(fakes.log)
-    record = encode_request(looping_run(44).spans)
-    await service.ingest.record(Ev(Msg("otlp_spans", 0, 0, None, record)))
-    (m,) = service.topics["steps"].sent
-    service.topics["events"].failures = [KafkaConnectionError()]
-    fakes.log.clear()
-    await service.detect.batch([Ev(Msg("loopwatch-steps", m["partition"], 3, None, m["value"]))])
-    assert fakes.log == [("send", "events")]  # sent, not yet waited for
-    await service.detect.flush()
-    assert fakes.log[:2] == [("send", "events"), ("send", "events")]  # sent again
-    assert fakes.log[2:] == [("write", "runs"), ("ack", 3)]
 
 
 async def test_a_rebalance_drops_the_unflushed_state_and_leaves_its_records_unacked(
