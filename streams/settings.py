@@ -60,15 +60,11 @@ variable                                  default                     meaning
                                                                       ``/healthz`` requires
                                                                       ``Authorization: Bearer <token>``
 ``LOOPWATCH_BATCH_MAX``                   ``1000``                    max messages the detect agent
-                                                                      takes per batch
+                                                                      takes per batch (a run's state
+                                                                      is written once per batch)
 ``LOOPWATCH_BATCH_WITHIN_MS``             ``50``                      ... or what arrived within
 ``LOOPWATCH_STATE_CACHE``                 ``10000``                   decoded run states kept in
                                                                       memory (write-through)
-``LOOPWATCH_STATE_FLUSH_SECONDS``         ``1.0``                     a run's state is written to
-                                                                      the table (changelog, rocksdb)
-                                                                      once per this interval, its
-                                                                      records acked after; ``0``:
-                                                                      once per batch
 ``LOOPWATCH_LINGER_MS``                   ``10``                      producer linger (batching)
 ``LOOPWATCH_TICK_SECONDS``                ``1.0``                     timer period (releases,
                                                                       finalization, cleanup)
@@ -149,7 +145,6 @@ class WorkerSettings:
     batch_max: int = 1000
     batch_within_ms: int = 50
     state_cache_size: int = 10_000
-    state_flush_seconds: float = 1.0
     linger_ms: int = 10
     tick_seconds: float = 1.0
     output_retention_hours: float = 168.0
@@ -240,9 +235,6 @@ class WorkerSettings:
             ),
             "state_cache_size": reader.integer(
                 "LOOPWATCH_STATE_CACHE", d.state_cache_size, 0, 10_000_000
-            ),
-            "state_flush_seconds": reader.number(
-                "LOOPWATCH_STATE_FLUSH_SECONDS", d.state_flush_seconds, 0.0
             ),
             "linger_ms": reader.integer("LOOPWATCH_LINGER_MS", d.linger_ms, 0, 1000),
             "tick_seconds": reader.number("LOOPWATCH_TICK_SECONDS", d.tick_seconds, 0.05),

@@ -2,18 +2,9 @@
 (`RunDriver`), then its events and summaries out, then its state.
 
 It takes messages in batches (``stream.take_events``): each run's steps of the batch are
-applied in arrival order. The batch's events and summaries are sent and acknowledged by the
-broker *before* any of its table writes, so a state whose fired markers reached the
-changelog never belongs to an undelivered event. State writes are coalesced over batches
-(``LOOPWATCH_STATE_FLUSH_SECONDS``, 1 s, faust's commit interval; 0 = every batch), in
-the order of Kafka Streams' record cache and quix-streams' ``Checkpoint.commit``: outputs
-delivered (per batch), then each run touched since the last flush written to the table once
-(changelog + rocksdb), then the records acknowledged, so the next commit (which flushes the
-producer, changelog included, before committing offsets) never commits a record whose
-effects are not in the changelog. A crash or a rebalance between the steps leaves the
-records unacknowledged: the next owner reprocesses them over the state of the last flush,
-its dedup set drops what that state already holds and its fired markers stop re-emission
-(outputs are at-least-once with deterministic ids). A tick
+applied in arrival order and its state is written once per batch. The batch's events and
+summaries are sent and acknowledged by the broker *before* the table writes, so a state
+whose fired markers reached the changelog never belongs to an undelivered event. A tick
 (streams/worker/timers.py) releases, finalizes and evicts the due runs of its partition,
 judged by the clock it was sent with. With keyed input detect reads the input topic itself
 (no hop): records are decoded here.
@@ -21,10 +12,9 @@ judged by the clock it was sent with. With keyed input detect reads the input to
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from detectors.model import Step
@@ -68,8 +58,6 @@ class Detect:
         *,
         keyed_input_topic: str | None,
         on_tick: Callable[[int], None],
-        flush_seconds: float = 0.0,
-        max_held: int = 100_000,
     ) -> None:
         self.driver = driver
         self.tables = tables
@@ -84,23 +72,12 @@ class Detect:
         self.counters = counters
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
-        # Coalesced state writes (see the module doc): what was processed since the last
-        # flush, acknowledged once its state is written.
-        self.flush_seconds = flush_seconds
-        self.max_held = max_held  # records held unacknowledged before a flush is forced
-        self.held: list[Any] = []  # processed records, acked after the flush
-        self.held_refetched: list[Any] = []  # read-back records, acked after the flush
-        self.held_partitions: dict[int, Any] = {}  # a held event per partition written
-        self.last_flush = time.monotonic()
-        self.ack: Callable[[Any], Awaitable[Any]] | None = None  # the stream's, in `run`
-        self.lock = asyncio.Lock()  # a batch and a timer's flush never interleave
 
     async def run(self, stream: Any, batch_max: int, within_seconds: float) -> None:
         """The agent. take_events acks the batch in a `finally`, also when the batch is
         cancelled or fails mid-publish (a stop, a revocation): its offsets would be
         committed with the outputs unsent. One more reference per message, released only
         after `batch` has published and written, keeps such a batch unacked."""
-        self.ack = stream.ack
         async for events in stream.take_events(batch_max, within=within_seconds):
             for event in events:
                 event.message.incref()
@@ -109,54 +86,11 @@ class Detect:
             except Abandoned:
                 log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
                 continue  # unacked: processed again from the committed offsets
+            for event in events:
+                await stream.ack(event)
             self.counters["detect_batches"] += 1
 
-    async def flush_if_due(self) -> None:
-        """A timer's flush: the records of a quiet stream are acknowledged too."""
-        if self.held and not self.lock.locked():
-            async with self.lock:
-                if self.held and time.monotonic() - self.last_flush >= self.flush_seconds:
-                    await self.flush()
-
-    def revoked(self) -> None:
-        """A rebalance: what was not flushed is the next owner's to redo (unacked)."""
-        self.discard()
-
-    def discard(self) -> None:
-        self.driver.discard_writes()
-        self.held.clear()
-        self.held_refetched.clear()
-        self.held_partitions.clear()
-
-    async def flush(self) -> None:
-        """The state of every run touched since the last flush, written once (in the event
-        of its partition: faust's changelog and rocksdb writes), then the records that
-        produced it acknowledged: the next commit flushes the producer, changelog
-        included, before it commits their offsets."""
-        tables = self.tables
-        by_name = {"runs": tables.runs, "finished": tables.finished}
-        held_partitions = self.held_partitions
-        for table, partition, key, value in self.driver.take_writes():
-            with tables.in_event(held_partitions[partition]):
-                if value is None:
-                    by_name[table].pop(key, None)
-                else:
-                    by_name[table][key] = value
-        self.skips.ack_refetched(self.held_refetched)
-        held, self.held = self.held, []
-        self.held_refetched = []
-        held_partitions.clear()
-        self.last_flush = time.monotonic()
-        if self.ack is not None:
-            for event in held:
-                await self.ack(event)
-
     async def batch(self, events: list[Any]) -> None:
-        async with self.lock:
-            await self._batch(events)
-
-    async def _batch(self, events: list[Any]) -> None:
-        generation = self.publisher.generation
         groups: Groups = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
         dead: list[Sent] = []  # dead letters: delivered before the batch acks
@@ -190,20 +124,19 @@ class Detect:
         # outputs, acknowledged by the broker before the state that fired them
         try:
             await self._publish(outputs, partition_event)
-            await self.publisher.deliver("detect", dead)
-            if self.publisher.generation != generation:
-                raise Abandoned  # revoked meanwhile: the state is the next owner's
         except BaseException:
-            self.discard()  # with the unflushed batches before it: all unacked, redone
+            self.driver.discard_writes()
             raise
-        self.held += events
-        self.held_refetched += refetched
-        self.held_partitions.update(partition_event)
-        if (
-            time.monotonic() - self.last_flush >= self.flush_seconds
-            or len(self.held) >= self.max_held
-        ):
-            await self.flush()
+        await self.publisher.deliver("detect", dead)
+        tables = self.tables
+        by_name = {"runs": tables.runs, "finished": tables.finished}
+        for table, partition, key, value in self.driver.take_writes():
+            with tables.in_event(partition_event[partition]):
+                if value is None:
+                    by_name[table].pop(key, None)
+                else:
+                    by_name[table][key] = value
+        self.skips.ack_refetched(refetched)
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))

@@ -152,7 +152,6 @@ class Worker:
             self.counters,
             keyed_input_topic=s.input_topic if self.keyed else None,
             on_tick=self.timers.tick_handled,
-            flush_seconds=s.state_flush_seconds,
         )
 
     def recovered(self, partitions: set[int]) -> None:
@@ -177,7 +176,6 @@ class Worker:
         """A rebalance (eager: it revokes every partition)."""
         self.ready = False
         self.publisher.revoked()
-        self.detect.revoked()
         self.skips.forget()
         for tp in revoked:
             self.metrics.forget_consumer_lag(tp.topic, tp.partition)
@@ -359,12 +357,6 @@ class LoopwatchService:
         if worker.clock.input is not None:
             app.timer(interval=s.tick_seconds, name="loopwatch-input-clock")(input_clock)
         app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
-        if s.state_flush_seconds > 0:  # a quiet stream's coalesced state writes
-
-            async def flush_state() -> None:
-                await worker.detect.flush_if_due()
-
-            app.timer(interval=s.state_flush_seconds, name="loopwatch-state-flush")(flush_state)
 
         Views(
             app,

@@ -152,12 +152,7 @@ def make(tmp_path: Path, fakes: Fakes) -> Any:
 
     def build(**env: str) -> Worker:
         settings = WorkerSettings.from_env(
-            {
-                "LOOPWATCH_STORE": "memory://",
-                "LOOPWATCH_DATA_DIR": str(tmp_path),
-                "LOOPWATCH_STATE_FLUSH_SECONDS": "0",  # state written with every batch
-                **env,
-            }
+            {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path), **env}
         )
         raw = yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text())
         raw["allowed_lateness_seconds"] = 0  # steps are released as they arrive
@@ -224,84 +219,6 @@ async def test_ingest_then_detect_publishes_before_writing_state(
     assert all(entry == ("send", "events") for entry in fakes.log[:first_write])
     assert len(service.tables.runs) == 3
     assert sum(service.tables.loop_counts.values()) == 3
-
-
-class AckLog:
-    """The detect stream's ack, logged with the table writes and sends."""
-
-    def __init__(self, log: list[tuple[str, Any]]) -> None:
-        self.log = log
-
-    async def __call__(self, event: Any) -> bool:
-        self.log.append(("ack", event.message.offset))
-        return True
-
-
-async def test_state_writes_are_coalesced_until_the_flush(make: Any, fakes: Fakes) -> None:
-    """A run touched by several batches between two flushes is written once, after the
-    outputs of every batch were delivered; its records are acknowledged after that write."""
-    service = make(LOOPWATCH_STATE_FLUSH_SECONDS="3600")
-    service.detect.ack = AckLog(fakes.log)
-    run = looping_run(41)
-    first, second = run.spans[:2], run.spans[2:]
-    for i, spans in enumerate((first, second)):
-        await service.ingest.record(Ev(Msg("otlp_spans", 0, i, None, encode_request(spans))))
-    sent = service.topics["steps"].sent
-    assert len(sent) == 2 and sent[0]["partition"] == sent[1]["partition"]
-    fakes.log.clear()
-    for i, m in enumerate(sent):
-        await service.detect.batch(
-            [Ev(Msg("loopwatch-steps", m["partition"], i, None, m["value"]))]
-        )
-    shapes = [json.loads(m["value"])["shape"] for m in service.topics["events"].sent]
-    assert shapes == ["identical_repetition"]  # the second batch read the first's state
-    assert ("write", "runs") not in fakes.log and not any(e[0] == "ack" for e in fakes.log)
-    assert len(service.detect.held) == 2
-    await service.detect.flush()
-    writes = [e for e in fakes.log if e == ("write", "runs")]
-    assert len(writes) == 1  # once per flush, not once per batch
-    first_write = fakes.log.index(("write", "runs"))
-    assert all(e[0] != "ack" for e in fakes.log[:first_write])
-    assert [e for e in fakes.log if e[0] == "ack"] == [("ack", 0), ("ack", 1)]
-    assert service.detect.held == [] and len(service.tables.runs) == 1
-
-
-async def test_a_rebalance_drops_the_unflushed_state_and_leaves_its_records_unacked(
-    make: Any, fakes: Fakes
-) -> None:
-    """Between the outputs and the flush: the next owner redoes the records over the
-    state of the last flush (its fired markers and dedup set make that safe)."""
-    service = make(LOOPWATCH_STATE_FLUSH_SECONDS="3600")
-    service.detect.ack = AckLog(fakes.log)
-    record = encode_request(looping_run(42).spans)
-    await service.ingest.record(Ev(Msg("otlp_spans", 0, 0, None, record)))
-    (m,) = service.topics["steps"].sent
-    await service.detect.batch([Ev(Msg("loopwatch-steps", m["partition"], 0, None, m["value"]))])
-    assert len(service.topics["events"].sent) == 1
-    service.revoked([])
-    await service.detect.flush()
-    assert len(service.tables.runs) == 0 and not any(e[0] == "ack" for e in fakes.log)
-    # redone by the next owner: the same event id again, the state now written
-    await service.detect.batch([Ev(Msg("loopwatch-steps", m["partition"], 0, None, m["value"]))])
-    await service.detect.flush()
-    ids = {json.loads(x["value"])["event_id"] for x in service.topics["events"].sent}
-    assert len(ids) == 1 and len(service.tables.runs) == 1
-    assert [e for e in fakes.log if e[0] == "ack"] == [("ack", 0)]
-
-
-async def test_a_timer_flushes_a_quiet_stream(make: Any, fakes: Fakes) -> None:
-    service = make(LOOPWATCH_STATE_FLUSH_SECONDS="0.01")
-    service.detect.ack = AckLog(fakes.log)
-    service.detect.last_flush = time.monotonic()  # as if it had just flushed
-    await service.ingest.record(
-        Ev(Msg("otlp_spans", 0, 0, None, encode_request(looping_run(43).spans)))
-    )
-    (m,) = service.topics["steps"].sent
-    await service.detect.batch([Ev(Msg("loopwatch-steps", m["partition"], 5, None, m["value"]))])
-    assert len(service.tables.runs) == 0
-    await asyncio.sleep(0.02)
-    await service.detect.flush_if_due()
-    assert len(service.tables.runs) == 1 and ("ack", 5) in fakes.log
 
 
 async def test_undecodable_record_goes_to_the_dead_letters(service: Any) -> None:
@@ -775,12 +692,7 @@ def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Pat
 
     def built(**env: str) -> Any:
         settings = WorkerSettings.from_env(
-            {
-                "LOOPWATCH_STORE": "memory://",
-                "LOOPWATCH_DATA_DIR": str(tmp_path),
-                "LOOPWATCH_STATE_FLUSH_SECONDS": "0",  # state written with every batch
-                **env,
-            }
+            {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path), **env}
         )
         policy = policy_from_mapping(
             yaml.safe_load((ROOT / "examples" / "loopwatch.yaml").read_text()), "<test>"
