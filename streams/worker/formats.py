@@ -26,7 +26,7 @@ from typing import Any
 from detectors.model import STEP_FIELDS, Step, step_values
 
 # Steps messages are split to stay under this (the producer refuses requests over 1 MB;
-# a record of many small spans encodes to more steps JSON than its own protobuf).
+# a record of many small spans may encode to more steps bytes than its own protobuf).
 MAX_STEPS_MESSAGE_BYTES = 512 * 1024
 TICK_VALUE_PREFIX = b"{"  # ticks are JSON objects
 STEPS_FORMAT = b"\x01"  # steps messages: marshal of field tuples
