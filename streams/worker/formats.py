@@ -1,26 +1,37 @@
 """Message formats of the worker's internal topic (``loopwatch-steps``): steps messages and
 timer ticks, and where a run's messages go.
 
-* a steps message keyed by run id (``LOOPWATCH_STEPS_GROUPING=run``): compact JSON of
-  ``[step.to_list(), ...]``;
-* a partition-grouped steps message (no key, the default): ``[[run_id, [step, ...]], ...]``,
+* a steps message keyed by run id (``LOOPWATCH_STEPS_GROUPING=run``): the steps of one run;
+* a partition-grouped steps message (no key, the default): ``[(run_id, [step, ...]), ...]``,
   on the partition the run id hashes to (`key_partition`);
-* a tick: a JSON object ``{"tick": sent_ns, "clock": clock_ns}`` (steps messages are arrays);
+* a tick: a JSON object ``{"tick": sent_ns, "clock": clock_ns}``;
 * the header ``loopwatch-input-clock`` on a steps message: the input clock it was sent at.
+
+Steps are written as ``0x01`` + Python's `marshal` (format version 4, stable since Python
+3.4) of tuples of the steps' fields in STEP_FIELDS order: a third smaller than the JSON
+lists of earlier versions and about twice as fast both ways (the hop's encode and decode
+were 13% of the worker's time). The decoder checks the structure and types it gets back.
+A value starting with ``[`` is the JSON of earlier versions (still read: messages in flight
+across an upgrade). marshal is safe to read here only because the steps topic is the
+worker's own: it is not a format for untrusted input.
 """
 
 from __future__ import annotations
 
 import json
+import marshal
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from detectors.model import Step
+from detectors.model import STEP_FIELDS, Step, step_values
 
 # Steps messages are split to stay under this (the producer refuses requests over 1 MB;
-# a record of many small spans encodes to more steps JSON than its own protobuf).
+# a record of many small spans may encode to more steps bytes than its own protobuf).
 MAX_STEPS_MESSAGE_BYTES = 512 * 1024
-TICK_VALUE_PREFIX = b"{"  # steps messages are JSON arrays, ticks JSON objects
+TICK_VALUE_PREFIX = b"{"  # ticks are JSON objects
+STEPS_FORMAT = b"\x01"  # steps messages: marshal of field tuples
+_JSON_STEPS = b"["  # steps messages of earlier versions: JSON arrays
+_MARSHAL_VERSION = 4
 CLOCK_HEADER = "loopwatch-input-clock"  # on steps messages: the input clock at send time
 
 
@@ -49,35 +60,81 @@ def sent_clock(message: Any) -> int | None:
 
 
 def encode_steps(steps: Iterable[Step]) -> bytes:
-    """The internal topic's value: compact JSON of ``[step.to_list(), ...]``."""
-    return to_json([s.to_list() for s in steps])
+    """A run-keyed steps message: the steps of one run."""
+    return STEPS_FORMAT + marshal.dumps(list(map(step_values, steps)), _MARSHAL_VERSION)
 
 
 def decode_steps(value: bytes) -> list[Step]:
-    data = json.loads(value)
-    if not isinstance(data, list):
-        raise ValueError("steps message is not a JSON array")
-    return [Step.from_list(item) for item in data]
+    value = bytes(value)
+    if value[:1] == _JSON_STEPS:
+        data = json.loads(value)
+        if not isinstance(data, list):
+            raise ValueError("steps message is not a JSON array")
+        return [Step.from_list(item) for item in data]
+    return _steps(_unmarshal(value))
 
 
 def encode_run_groups(groups: Iterable[tuple[str, list[Step]]]) -> bytes:
-    """A partition-grouped steps message (no key): ``[[run_id, [step, ...]], ...]``."""
-    return json.dumps(
-        [[run_id, [s.to_list() for s in steps]] for run_id, steps in groups],
-        separators=(",", ":"),
-    ).encode("utf-8")
+    """A partition-grouped steps message (no key): ``[(run_id, [step, ...]), ...]``."""
+    return STEPS_FORMAT + marshal.dumps(
+        [(run_id, list(map(step_values, steps))) for run_id, steps in groups], _MARSHAL_VERSION
+    )
 
 
 def decode_run_groups(value: bytes) -> list[tuple[str, list[Step]]]:
-    data = json.loads(value)
-    if not isinstance(data, list):
-        raise ValueError("steps message is not a JSON array")
-    out = []
-    for run_id, steps in data:
-        if not isinstance(run_id, str) or not isinstance(steps, list):
-            raise ValueError("grouped steps message: expected [run_id, [steps]] pairs")
-        out.append((run_id, [Step.from_list(item) for item in steps]))
-    return out
+    value = bytes(value)
+    if value[:1] == _JSON_STEPS:
+        data = json.loads(value)
+        if not isinstance(data, list):
+            raise ValueError("steps message is not a JSON array")
+        out = []
+        for run_id, steps in data:
+            if not isinstance(run_id, str) or not isinstance(steps, list):
+                raise ValueError("grouped steps message: expected [run_id, [steps]] pairs")
+            out.append((run_id, [Step.from_list(item) for item in steps]))
+        return out
+    groups = []
+    for group in _unmarshal(value):
+        if type(group) is not tuple or len(group) != 2 or type(group[0]) is not str:
+            raise ValueError("grouped steps message: expected (run_id, [steps]) pairs")
+        groups.append((group[0], _steps(group[1])))
+    return groups
+
+
+def _unmarshal(value: bytes) -> list[Any]:
+    if value[:1] != STEPS_FORMAT:
+        raise ValueError(f"steps message: unknown format byte {value[:1]!r}")
+    try:
+        data = marshal.loads(value[1:])
+    except (EOFError, ValueError, TypeError) as exc:
+        raise ValueError(f"steps message: unreadable ({exc})") from None
+    if type(data) is not list:
+        raise ValueError("steps message is not a list")
+    return data
+
+
+_N_FIELDS = len(STEP_FIELDS)
+_ITEM_FPS = STEP_FIELDS.index("item_fps")
+_TYPES = frozenset({str, int, float, bool, type(None), tuple})  # tuple: item_fps
+
+
+def _steps(items: Any) -> list[Step]:
+    """Steps from field tuples, each checked: scalars, and item_fps a tuple of strings."""
+    if type(items) is not list:
+        raise ValueError("steps message: steps are not a list")
+    steps = []
+    for values in items:
+        if (
+            type(values) is not tuple
+            or len(values) != _N_FIELDS
+            or not _TYPES.issuperset(map(type, values))
+        ):
+            raise ValueError("steps message: a step is not a tuple of its fields")
+        fps = values[_ITEM_FPS]
+        if type(fps) is not tuple or (fps and not all(type(f) is str for f in fps)):
+            raise ValueError("steps message: item_fps is not a tuple of strings")
+        steps.append(Step(*values))
+    return steps
 
 
 def encode_first_steps(groups: list[tuple[str, list[Step]]]) -> bytes:
@@ -114,7 +171,7 @@ def key_partition(key: bytes, partitions: int) -> int:
 
 
 def to_json(value: Any) -> bytes:
-    """Compact JSON bytes (events, summaries, steps)."""
+    """Compact JSON bytes (events, summaries)."""
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 

@@ -201,7 +201,7 @@ async def test_ingest_then_detect_publishes_before_writing_state(
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 7, None, record, 123.0)))
     sent = service.topics["steps"].sent
     assert 1 <= len(sent) <= 3 and all(m["key"] is None for m in sent)
-    assert sum(len(json.loads(m["value"])) for m in sent) == 3  # three runs, grouped
+    assert sum(len(decode_run_groups(m["value"])) for m in sent) == 3  # three runs, grouped
     assert all(m["timestamp"] == 123.0 for m in sent)
     fakes.log.clear()
     events = [
@@ -441,7 +441,7 @@ async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_th
     assert refetcher.reads == [(0, 3, 5)]
     assert [record.message.offset for record, _ in ingested] == [3, 4, 5]
     assert all(len(sent) == 1 for _, sent in ingested)
-    forwarded = [json.loads(m["value"]) for m in service.topics["steps"].sent]
+    forwarded = [decode_run_groups(m["value"]) for m in service.topics["steps"].sent]
     assert sum(len(groups) for groups in forwarded) == 3  # both skipped runs, then 5's
     stream = FakeStream()
     await acked(service, stream, event, ingested)

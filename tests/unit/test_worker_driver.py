@@ -423,6 +423,36 @@ def test_wire_formats_round_trip() -> None:
     assert json.dumps(back.to_dict()) == json.dumps(state.to_dict()) and env == head
 
 
+def test_steps_messages_are_binary_exact_and_checked() -> None:
+    policy = example_policy()
+    normalizer = Normalizer(policy, Fingerprinter(KEY))
+    run = Run(trace=41)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    run.llm()
+    steps = [normalizer.step(s) for s in run.spans]
+    value = encode_run_groups([("r1", steps)])
+    assert value[:1] == b"\x01"
+    ((run_id, back),) = decode_run_groups(value)
+    assert run_id == "r1" and back == steps  # exact: tuples stay tuples, floats stay floats
+    assert decode_steps(encode_steps(steps)) == steps
+    # JSON of earlier versions (in flight across an upgrade) is still read
+    legacy = json.dumps([["r1", [s.to_list() for s in steps]]]).encode()
+    assert decode_run_groups(legacy) == [("r1", steps)]
+    assert decode_steps(json.dumps([s.to_list() for s in steps]).encode()) == steps
+    import marshal
+
+    bad = [
+        b"\x01" + marshal.dumps({"not": "a list"}),
+        b"\x01" + marshal.dumps([("r1", [("too", "short")])]),
+        b"\x01" + marshal.dumps([("r1", [(*steps[0].to_list()[:-1], [1])])]),
+        b"\x01garbage",
+        b"\x02" + marshal.dumps([]),
+    ]
+    for value in bad:
+        with pytest.raises(ValueError):
+            decode_run_groups(value)
+
+
 def test_key_partition_matches_the_java_client() -> None:
     # murmur2 of the Java client (org.apache.kafka.common.utils.Utils.murmur2)
     assert key_partition(b"21", 8) == (-973932308 & 0x7FFFFFFF) % 8
