@@ -34,6 +34,9 @@ texts = st.text(
     st.characters(codec=None, exclude_categories=()),  # surrogates included
     max_size=20,
 ) | st.sampled_from(["", 'a"b\\c\n\r\t\b\f\x00\x1f\x7f', "\u2028", "\U0001f600"])
+# Tags are tool names and fixed words: decoded span strings, never lone surrogates (the
+# decoders refuse invalid UTF-8); the Python reference cannot encode one in a tag.
+tags = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
 scalars = st.one_of(
     st.none(),
     st.booleans(),
@@ -69,13 +72,13 @@ def check_value(key: bytes | None, tag: str, value: Any) -> bool:
 
 
 @DIFF
-@given(st.sampled_from(KEYS), texts, values)
+@given(st.sampled_from(KEYS), tags, values)
 def test_of_value(key: bytes | None, tag: str, value: Any) -> None:
     check_value(key, tag, value)
 
 
 @DIFF
-@given(st.sampled_from(KEYS), texts, texts)
+@given(st.sampled_from(KEYS), tags, texts)
 def test_of_text(key: bytes | None, tag: str, text: str) -> None:
     got = digests(key).of_text(tag, text)
     assert got is None or got == Fingerprinter(key).of_text(tag, text)
