@@ -131,6 +131,7 @@ DEFAULT_MESSAGE_PATTERNS: dict[str, str] = {
     r"(?i)loop guard": "loop_guard",
     r"(?i)cancel": "cancelled",
 }
+DEFAULT_MESSAGE_REGEXES = tuple((re.compile(p), r) for p, r in DEFAULT_MESSAGE_PATTERNS.items())
 DEFAULT_FINISH_REASONS: dict[str, str] = {
     "stop": "final_answer",
     "end_turn": "final_answer",
@@ -216,9 +217,7 @@ class Policy:
         default_factory=lambda: dict(DEFAULT_CONVENTIONS)
     )
     exception_types: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_EXCEPTION_TYPES))
-    message_patterns: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-        (re.compile(p), r) for p, r in DEFAULT_MESSAGE_PATTERNS.items()
-    )
+    message_patterns: tuple[tuple[re.Pattern[str], str], ...] = DEFAULT_MESSAGE_REGEXES
     finish_reasons: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_FINISH_REASONS))
     transient_message_patterns: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (re.compile(p), c) for p, c in DEFAULT_TRANSIENT_MESSAGE_PATTERNS.items()
@@ -457,16 +456,11 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
                         f"termination.{key}.{k}", "one of " + ", ".join(TERMINATION_REASONS), reason
                     )
                 target[k] = reason
-        compiled = []
-        for pattern, reason in pats.items():
-            try:
-                compiled.append((re.compile(pattern), reason))
-            except (re.error, OverflowError, RecursionError) as exc_:
-                raise ConfigError(
-                    f"{source}: termination.message_patterns: invalid regex {pattern!r}: {exc_}"
-                ) from None
         kw["exception_types"] = exc
-        kw["message_patterns"] = tuple(compiled)
+        kw["message_patterns"] = tuple(
+            (r.regex(pattern, "termination.message_patterns"), reason)
+            for pattern, reason in pats.items()
+        )
         kw["finish_reasons"] = fins
     if "transient_message_patterns" in m:
         patterns = []
@@ -474,7 +468,7 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
             m["transient_message_patterns"], "transient_message_patterns", None
         ).items():
             where = f"transient_message_patterns.{pattern}"
-            patterns.append((_regex(source, pattern, where), r.string(code, where).lower()))
+            patterns.append((r.regex(pattern, where), r.string(code, where).lower()))
         kw["transient_message_patterns"] = tuple(patterns)
         kw["transient_error_codes"] = kw.get(
             "transient_error_codes", frozenset(DEFAULT_TRANSIENT_CODES)
@@ -488,18 +482,11 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
             set(r.mapping(m.get("conventions"), "conventions", None)),
             Termination(
                 kw.get("exception_types", dict(DEFAULT_EXCEPTION_TYPES)),
-                kw.get("message_patterns", Policy().message_patterns),
+                kw.get("message_patterns", DEFAULT_MESSAGE_REGEXES),
                 kw.get("finish_reasons", dict(DEFAULT_FINISH_REASONS)),
             ),
         )
     return Policy(**kw)
-
-
-def _regex(source: str, pattern: str, path: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except (re.error, OverflowError, RecursionError) as exc:
-        raise ConfigError(f"{source}: {path}: invalid regex {pattern!r}: {exc}") from None
 
 
 def _profiles(
@@ -554,7 +541,7 @@ def default_profiles() -> tuple[Profile, ...]:
             set(),
             Termination(
                 dict(DEFAULT_EXCEPTION_TYPES),
-                tuple((re.compile(p), v) for p, v in DEFAULT_MESSAGE_PATTERNS.items()),
+                DEFAULT_MESSAGE_REGEXES,
                 dict(DEFAULT_FINISH_REASONS),
             ),
         )

@@ -3,6 +3,7 @@ and what was expected (policy files and recognition profiles share it)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from detectors.errors import ConfigError
@@ -66,6 +67,12 @@ class Reader:
         if not isinstance(value, list):
             raise self.fail(path, "a list of strings", value)
         return tuple(self.string(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+    def regex(self, pattern: str, path: str) -> re.Pattern[str]:
+        try:
+            return re.compile(pattern)
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise ConfigError(f"{self.source}: {path}: invalid regex {pattern!r}: {exc}") from None
 
     def string_or_strings(self, value: Any, path: str) -> tuple[str, ...]:
         if isinstance(value, str):

@@ -412,12 +412,10 @@ class _Compiler:
                     if f not in out["keys"]:
                         out["keys"][f] = parent["keys"].get(f, ())
                         out["derived"][f] = parent["derived"].get(f, ())
-                for key in TERMINATION_KEYS:  # the child's entries first, then the parent's
-                    own = out["termination"][key]
-                    out["termination"][key] = {
-                        **own,
-                        **{k: v for k, v in parent["termination"][key].items() if k not in own},
-                    }
+                for key in TERMINATION_KEYS:
+                    out["termination"][key] = _first_then(
+                        out["termination"][key], parent["termination"][key]
+                    )
             resolved[name] = out
             return out
 
@@ -452,37 +450,22 @@ class _Compiler:
                     memo_attributes=tuple(sorted(refs.attributes)),
                     memoizable=by_name or not refs.tool,
                     termination=Termination(
-                        exception_types={
-                            **term["exception_types"],
-                            **{
-                                k: v
-                                for k, v in base_termination.exception_types.items()
-                                if k not in term["exception_types"]
-                            },
-                        },
+                        exception_types=_first_then(
+                            term["exception_types"], base_termination.exception_types
+                        ),
                         message_patterns=tuple(
-                            (self._regex(p, f"profiles.{name}.termination.message_patterns"), r)
+                            (self.r.regex(p, f"profiles.{name}.termination.message_patterns"), r)
                             for p, r in term["message_patterns"].items()
                         )
                         + base_termination.message_patterns,
-                        finish_reasons={
-                            **{k.lower(): v for k, v in term["finish_reasons"].items()},
-                            **{
-                                k: v
-                                for k, v in base_termination.finish_reasons.items()
-                                if k not in term["finish_reasons"]
-                            },
-                        },
+                        finish_reasons=_first_then(
+                            {k.lower(): v for k, v in term["finish_reasons"].items()},
+                            base_termination.finish_reasons,
+                        ),
                     ),
                 )
             )
         return tuple(profiles)
-
-    def _regex(self, pattern: str, path: str) -> re.Pattern[str]:
-        try:
-            return re.compile(pattern)
-        except (re.error, OverflowError, RecursionError) as exc:
-            raise ConfigError(f"{self.source}: {path}: invalid regex {pattern!r}: {exc}") from None
 
     def _profile_parts(
         self, raw: RawProfile, body: dict[str, Any], check_reason: Callable[[str, str], str]
@@ -582,6 +565,12 @@ def compile_profiles(
     return tuple(p for p in profiles if not p.reads_everything) + tuple(
         p for p in profiles if p.reads_everything
     )
+
+
+def _first_then(own: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
+    """A table with `own`'s entries first (they win, and patterns are tried in order),
+    then `inherited`'s other entries."""
+    return {**own, **{k: v for k, v in inherited.items() if k not in own}}
 
 
 # Matchers run for every span: plain closures, no generators (3-4x faster than all()/any()
