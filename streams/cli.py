@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
-from streams.runtime import tune_gc
+from streams.runtime import raise_file_limit, tune_gc
 
 EXIT_ERROR = 2
 
@@ -130,6 +130,7 @@ def format_table(stats: Any) -> str:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     tune_gc()
+    raise_file_limit()
     out = _open_output(args.output)
     runs_out = _open_output(args.runs) if args.runs else None
     try:
@@ -154,6 +155,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     tune_gc()
+    raise_file_limit()
     limits: dict[str, int] = {}
     for item in args.max_shape or []:
         shape, _, value = item.partition("=")

@@ -128,21 +128,44 @@ class Engine:
         self,
         sources: Sequence[Iterable[list[SpanRecord]]],
         on_batch: Callable[[int], object] | None = None,
+        firsts: Sequence[tuple[int, int] | None] | None = None,
     ) -> None:
         """Batches of several sources merged by time: the next batch fed is always the
         one, among each open source's next batch, that ends first (its latest span end;
         ties: the earlier source). One batch per source is held in memory. `on_batch(source)`
-        is called after each batch; `close` is left to the caller."""
+        is called after each batch; `close` is left to the caller.
+
+        `firsts[i]`: the (earliest, latest) span end of source i's first batch when known
+        (None: not known). Such a source is started (its iterator's first `next`) only when
+        that batch is due, so of many files only those overlapping in time are open at
+        once; until then its start holds the watermark back as an open source's does."""
         heads: list[tuple[int, int, list[SpanRecord], Iterator[list[SpanRecord]]]] = []
-        for i, batches in enumerate(sources):
-            it = iter(batches)
+        waiting: list[tuple[int, int]] = []  # (first batch's latest end, source): not started
+
+        def start(i: int) -> None:
+            it = iter(sources[i])
             first = next(it, None)
-            if first is not None:
-                begins, ends = _span_ends(first)
+            if first is None:
+                if i in self.marks:  # announced by `firsts`, but nothing came
+                    self.end_source(i)
+                return
+            begins, ends = _span_ends(first)
+            if i not in self.marks:
                 self.open_source(i, begins)
-                heads.append((ends, i, first, it))
-        heapq.heapify(heads)
-        while heads:
+            heapq.heappush(heads, (ends, i, first, it))
+
+        for i in range(len(sources)):
+            known = firsts[i] if firsts is not None else None
+            if known is None:
+                start(i)
+            else:
+                self.open_source(i, known[0])
+                waiting.append((known[1], i))
+        heapq.heapify(waiting)
+        while heads or waiting:
+            if waiting and (not heads or waiting[0] < heads[0][:2]):
+                start(heapq.heappop(waiting)[1])
+                continue
             _, i, spans, it = heapq.heappop(heads)
             self.feed(spans, i)
             if on_batch is not None:
@@ -226,7 +249,12 @@ def replay_files(
     """Feed export files to `engine`, each file a source, merged by time: read one after
     another, a run whose root is in the first file would be finalized before its spans in
     the second are read. `on_progress(bytes)` after each batch: the size of the files read
-    to their end. The caller closes the engine."""
+    to their end. The caller closes the engine.
+
+    Each file's first batch is read ahead (and the file closed again) to learn where it
+    starts; a file is then opened when its first batch is due and closed at its end, so a
+    directory of rotated exports (one file after another in time) has one or two files
+    open, not one per file (the process's file limit)."""
     from streams.files import iter_batches
 
     done = 0
@@ -237,11 +265,23 @@ def replay_files(
             yield spans
         done += path.stat().st_size
 
+    def first_batch(path: Path) -> tuple[int, int] | None:
+        # errors are reported when the file is read for real (None: read it eagerly)
+        read = iter_batches([path], lambda _e: None)
+        try:
+            for _source, spans in read:
+                return _span_ends(spans)
+            return None
+        finally:
+            read.close()  # and the file with it
+
     def progress(source: int) -> None:
         if on_progress is not None:
             on_progress(done)
 
-    engine.feed_sources([batches(f) for f in files], progress)
+    engine.feed_sources(
+        [batches(f) for f in files], progress, firsts=[first_batch(f) for f in files]
+    )
 
 
 def _count(counter: Counter[str], label: str) -> None:

@@ -20,7 +20,7 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,7 +282,7 @@ def iter_payloads(paths: Iterable[str | Path]) -> Iterator[Payload]:
 
 def iter_batches(
     paths: Iterable[str | Path], on_error: Callable[[DecodeError], None]
-) -> Iterator[tuple[str, list[SpanRecord]]]:
+) -> Generator[tuple[str, list[SpanRecord]], None, None]:
     """(source, spans) for every export message under `paths`.
 
     Problems are reported through `on_error` and reading goes on: an undecodable message

@@ -132,3 +132,31 @@ def test_one_source_is_the_plain_feed() -> None:
     merged.feed_sources([batches])
     merged.close()
     assert out[0] == out[1]  # same events in the same order
+
+
+def test_many_files_replay_within_a_small_file_limit(tmp_path: Path) -> None:
+    """Rotated exports (each file after the previous one in time) are read with one or two
+    files open at a time: 120 files replay under a limit of 64 open files, with the events
+    of the corpus in one file. Opening every file up front ran out of descriptors
+    ("Too many open files": those files' spans were lost with a decode error each)."""
+    import resource
+
+    messages = CORPUS[:150]
+    single = tmp_path / "one" / "all.pb"
+    single.parent.mkdir()
+    write_pb(single, messages)
+    parts = tmp_path / "rotated"
+    parts.mkdir()
+    files = []
+    for n in range(120):
+        path = parts / f"traces-{n:04d}.pb"
+        write_pb(path, messages[n * len(messages) // 120 : (n + 1) * len(messages) // 120])
+        files.append(path)
+    want = replay([single])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    try:
+        got = replay(files)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert got == want
