@@ -9,6 +9,7 @@ the worker runs as `loopwatch worker` in a subprocess with the production store
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -108,6 +109,13 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process in seconds: the worker's own CPU, which moves less than
+    wall-clock rates when other processes share the cores."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bare_consume_decode(topic: str, n_messages: int) -> float:
     """spans/s of a plain confluent-kafka consumer + decode_proto over the same topic."""
     consumer = Consumer(
@@ -184,8 +192,10 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
             for proc in procs:
                 proc.wait_ready(120)
             started = min(_first_activity(p, 120) for p in procs)
+            cpu_started = sum(_cpu_s(p.proc.pid) for p in procs if p.proc)
             done = _wait_all(procs, "records", len(messages), 600)
             events_done = _wait_all(procs, "events", expected_events, 120)
+            cpu = sum(_cpu_s(p.proc.pid) for p in procs if p.proc) - cpu_started
             rss = [round(_rss_mib(p.proc.pid), 1) for p in procs if p.proc]
             ceiling = bare_consume_decode(procs[0].topics["input"], len(messages))
         finally:
@@ -198,6 +208,7 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
         "spans": spans,
         "records": len(messages),
         "worker_spans_per_s": spans / (max(done, events_done) - started),
+        "worker_cpu_us_per_span": cpu * 1e6 / spans,
         "bare_consume_decode_spans_per_s": ceiling,
         "expected_events": expected_events,
         "rss_mib": rss,

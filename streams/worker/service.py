@@ -305,6 +305,7 @@ class Worker:
             "assigned_partitions": sorted(self.assigned()) if self.ready else [],
             **self.counters,
             "state_writes": self.driver.state_writes,
+            "state_write_bytes": self.driver.store.state_write_bytes,
             "input_topic": s.input_topic,
             "keyed_input": self.keyed,
             "input_clock_behind_seconds": (

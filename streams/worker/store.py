@@ -104,6 +104,7 @@ class TableStore:
         self.pending_finished: dict[bytes, tuple[int, bytes | None]] = {}
         self.finished_index = FinishedIndex()
         self.state_writes = 0
+        self.state_write_bytes = 0
 
     def bind(self, runs: Table, finished: Table) -> None:
         self.runs, self.finished = runs, finished
@@ -149,6 +150,7 @@ class TableStore:
         writes = [("runs", p, k, v) for k, (p, v) in self.pending_runs.items()]
         writes += [("finished", p, k, v) for k, (p, v) in self.pending_finished.items()]
         self.state_writes += len(self.pending_runs)
+        self.state_write_bytes += sum(len(v) for _p, v in self.pending_runs.values() if v)
         self.pending_runs.clear()
         self.pending_finished.clear()
         return writes
