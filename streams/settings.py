@@ -60,9 +60,13 @@ variable                                  default                     meaning
                                                                       ``/healthz`` requires
                                                                       ``Authorization: Bearer <token>``
 ``LOOPWATCH_BATCH_MAX``                   ``1000``                    max messages the detect agent
-                                                                      takes per batch (a run's state
-                                                                      is written once per batch)
+                                                                      takes per batch
 ``LOOPWATCH_BATCH_WITHIN_MS``             ``50``                      ... or what arrived within
+``LOOPWATCH_STATE_FLUSH_MS``              ``1000``                    run states are written to
+                                                                      the tables (changelog) at
+                                                                      most this often, records
+                                                                      acknowledged after; ``0``:
+                                                                      after every batch
 ``LOOPWATCH_STATE_CACHE``                 ``10000``                   decoded run states kept in
                                                                       memory (write-through)
 ``LOOPWATCH_LINGER_MS``                   ``10``                      producer linger (batching)
@@ -159,6 +163,7 @@ class WorkerSettings:
     api_token: str | None = None
     batch_max: int = 1000
     batch_within_ms: int = 50
+    state_flush_ms: int = 1000
     state_cache_size: int = 10_000
     linger_ms: int = 10
     tick_seconds: float = 1.0
@@ -252,6 +257,9 @@ class WorkerSettings:
             "batch_max": reader.integer("LOOPWATCH_BATCH_MAX", d.batch_max, 1, 100_000),
             "batch_within_ms": reader.integer(
                 "LOOPWATCH_BATCH_WITHIN_MS", d.batch_within_ms, 1, 60_000
+            ),
+            "state_flush_ms": reader.integer(
+                "LOOPWATCH_STATE_FLUSH_MS", d.state_flush_ms, 0, 60_000
             ),
             "state_cache_size": reader.integer(
                 "LOOPWATCH_STATE_CACHE", d.state_cache_size, 0, 10_000_000

@@ -1,17 +1,30 @@
 """The detect agent: per run, in the faust table ``runs``, the pure pipeline over its steps
 (`RunDriver`), then its events and summaries out, then its state.
 
-It takes messages in batches (``stream.take_events``): each run's steps of the batch are
-applied in arrival order and its state is written once per batch. The batch's events and
-summaries are sent and acknowledged by the broker *before* the table writes, so a state
-whose fired markers reached the changelog never belongs to an undelivered event. A tick
-(streams/worker/timers.py) releases, finalizes and evicts the due runs of its partition,
-judged by the clock it was sent with. With keyed input detect reads the input topic itself
-(no hop): records are decoded here.
+It takes messages in batches (``stream.take_events``) and applies each run's steps of a
+batch in arrival order. The batch's events and summaries are sent and acknowledged by the
+broker first; its state changes are then staged, and written to the tables (changelog and
+rocksdb) once per flush interval (``LOOPWATCH_STATE_FLUSH_MS``): a run touched by several
+batches of an interval is written once (Kafka Streams' record cache, quix-streams'
+``Checkpoint.commit``). The batches' records are acknowledged only after the flush that
+wrote their effects, so offsets are never committed past state that is not in the
+changelog. So: outputs, then state, then offsets; a crash between them redoes records whose
+outputs may already be out (at least once, as before), and the fired markers in a flushed
+state stop any re-emission after it.
+
+A rebalance (Publisher.generation) drops what is staged, unacknowledged: the records are
+processed again from their committed offsets by the partition's next owner, and an
+acknowledgement from before the rebalance never reaches faust (it would commit the new
+assignment past records whose state was dropped).
+
+A tick (streams/worker/timers.py) releases, finalizes and evicts the due runs of its
+partition, judged by the clock it was sent with. With keyed input detect reads the input
+topic itself (no hop): records are decoded here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -58,6 +71,8 @@ class Detect:
         *,
         keyed_input_topic: str | None,
         on_tick: Callable[[int], None],
+        flush_seconds: float = 0.0,
+        flush_max_runs: int = 10_000,
     ) -> None:
         self.driver = driver
         self.tables = tables
@@ -72,25 +87,89 @@ class Detect:
         self.counters = counters
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
+        self.flush_seconds = flush_seconds  # 0: every batch
+        self.flush_max_runs = flush_max_runs  # ... or when this many runs have staged writes
+        # staged: written and acknowledged by the next flush
+        self.staged: list[Any] = []  # events of the batches since the last flush
+        self.staged_refetched: list[Any] = []  # records read back for them
+        self.staged_events: dict[int, Any] = {}  # partition -> an event of it (table routing)
+        self.staged_generation = 0
+        self.last_flush = time.monotonic()
+        self.lock = asyncio.Lock()  # a batch and a flush never interleave
+        self.stream: Any = None
 
     async def run(self, stream: Any, batch_max: int, within_seconds: float) -> None:
         """The agent. take_events acks the batch in a `finally`, also when the batch is
         cancelled or fails mid-publish (a stop, a revocation): its offsets would be
         committed with the outputs unsent. One more reference per message, released only
-        after `batch` has published and written, keeps such a batch unacked."""
-        async for events in stream.take_events(batch_max, within=within_seconds):
-            for event in events:
-                event.message.incref()
-            try:
-                await self.batch(events)
-            except Abandoned:
-                log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
-                continue  # unacked: processed again from the committed offsets
-            for event in events:
-                await stream.ack(event)
-            self.counters["detect_batches"] += 1
+        by the flush that wrote the batch's state, keeps such a batch unacked."""
+        self.stream = stream
+        try:
+            async for events in stream.take_events(batch_max, within=within_seconds):
+                for event in events:
+                    event.message.incref()
+                async with self.lock:
+                    try:
+                        await self.batch(events)
+                    except Abandoned:
+                        log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
+                        continue  # unacked: processed again from the committed offsets
+                    self.counters["detect_batches"] += 1
+                    if self.flush_due():
+                        await self.ack(self.flush())
+        finally:
+            # a stop: write what is staged unless a rebalance dropped it (never raises)
+            if self.staged and self.staged_generation == self.publisher.generation:
+                try:
+                    await self.ack(self.flush())
+                except Exception:
+                    log.exception("detect: state staged at stop not written")
+
+    def flush_due(self) -> bool:
+        if not self.staged:
+            return False
+        return (
+            time.monotonic() - self.last_flush >= self.flush_seconds
+            or len(self.driver.store.pending_runs) >= self.flush_max_runs
+        )
+
+    async def flush_if_due(self) -> None:
+        """From a timer: a quiet stream still gets its staged state written and its records
+        acknowledged within about one flush interval."""
+        if self.stream is not None and not self.lock.locked() and self.flush_due():
+            async with self.lock:
+                await self.ack(self.flush())
+
+    async def ack(self, events: list[Any]) -> None:
+        for event in events:
+            await self.stream.ack(event)
+
+    def flush(self) -> list[Any]:
+        """Write the staged state to the tables; returns the events now to acknowledge
+        (none when a rebalance since they were staged has dropped them)."""
+        events, refetched, routing = self.staged, self.staged_refetched, self.staged_events
+        self.staged, self.staged_refetched, self.staged_events = [], [], {}
+        self.last_flush = time.monotonic()
+        if self.staged_generation != self.publisher.generation:
+            self.driver.discard_writes()
+            return []
+        tables = self.tables
+        by_name = {"runs": tables.runs, "finished": tables.finished}
+        for table, partition, key, value in self.driver.take_writes():
+            with tables.in_event(routing[partition]):
+                if value is None:
+                    by_name[table].pop(key, None)
+                else:
+                    by_name[table][key] = value
+        self.skips.ack_refetched(refetched)
+        return events
 
     async def batch(self, events: list[Any]) -> None:
+        """Detection and outputs of `events`; their state changes are staged for `flush`.
+        Raises Abandoned when a rebalance overtakes it (nothing staged then)."""
+        generation = self.publisher.generation
+        if self.staged and self.staged_generation != generation:
+            self.flush()  # staged before a rebalance: dropped (nothing to acknowledge)
         groups: Groups = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
         dead: list[Sent] = []  # dead letters: delivered before the batch acks
@@ -124,19 +203,17 @@ class Detect:
         # outputs, acknowledged by the broker before the state that fired them
         try:
             await self._publish(outputs, partition_event)
+            await self.publisher.deliver("detect", dead)
+            if self.publisher.generation != generation:
+                raise Abandoned  # delivered, but the partitions were revoked meanwhile
         except BaseException:
             self.driver.discard_writes()
+            self.staged, self.staged_refetched, self.staged_events = [], [], {}
             raise
-        await self.publisher.deliver("detect", dead)
-        tables = self.tables
-        by_name = {"runs": tables.runs, "finished": tables.finished}
-        for table, partition, key, value in self.driver.take_writes():
-            with tables.in_event(partition_event[partition]):
-                if value is None:
-                    by_name[table].pop(key, None)
-                else:
-                    by_name[table][key] = value
-        self.skips.ack_refetched(refetched)
+        self.staged += events
+        self.staged_refetched += refetched
+        self.staged_events.update(partition_event)
+        self.staged_generation = generation
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))

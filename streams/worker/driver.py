@@ -110,8 +110,10 @@ class RunDriver:
         """
         index = self.loop.index
         index.clear()
-        self.store.cache.clear()  # (writes of a batch still in flight stay pending: they
-        for key, raw in runs:  # belong to outputs that are being published)
+        # Writes staged before the rebalance go: detect drops their records unacknowledged
+        # (streams/worker/detect.py), so they are processed again from the tables' state.
+        self.store.discard_writes()
+        for key, raw in runs:
             try:
                 env = decode_header(raw)
             except (ValueError, KeyError, TypeError):

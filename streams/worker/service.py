@@ -169,6 +169,7 @@ class Worker:
             self.counters,
             keyed_input_topic=s.input_topic if self.keyed else None,
             on_tick=self.timers.tick_handled,
+            flush_seconds=s.state_flush_ms / 1000,
         )
 
     def recovered(self, partitions: set[int]) -> None:
@@ -471,11 +472,16 @@ class LoopwatchService:
         async def trim() -> None:
             release_free_memory()
 
+        async def state_flush() -> None:
+            await worker.detect.flush_if_due()
+
         app.timer(interval=s.tick_seconds, name="loopwatch-ticks")(ticks)
         app.timer(interval=5.0, name="loopwatch-lag")(lag)
         if worker.clock.input is not None:
             app.timer(interval=s.tick_seconds, name="loopwatch-input-clock")(input_clock)
         app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
+        if s.state_flush_ms:
+            app.timer(interval=s.state_flush_ms / 1000, name="loopwatch-state-flush")(state_flush)
 
         async def broker() -> None:
             await worker.probe_broker()

@@ -34,7 +34,7 @@ from streams.worker.formats import (
     tick_clock,
 )
 from streams.worker.service import Worker
-from streams.worker.store import Tables
+from streams.worker.store import Tables, decode_envelope
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 
@@ -185,6 +185,14 @@ def service(make: Any) -> Worker:
     return make()
 
 
+async def detect_batch(service: Any, events: list[Any]) -> list[Any]:
+    """One detect batch and the flush of its staged state (as the agent does once per
+    flush interval); returns the events the flush acknowledges."""
+    await service.detect.batch(events)
+    acked: list[Any] = service.detect.flush()
+    return acked
+
+
 def looping_run(trace: int) -> Run:
     run = Run(trace=trace)
     for _ in range(3):
@@ -208,7 +216,7 @@ async def test_ingest_then_detect_publishes_before_writing_state(
         Ev(Msg("loopwatch-steps", m["partition"], i, None, m["value"], 123.0))
         for i, m in enumerate(sent)
     ]
-    await service.detect.batch(events)
+    await detect_batch(service, events)
     shapes = [json.loads(m["value"])["shape"] for m in service.topics["events"].sent]
     assert shapes == ["identical_repetition"] * 3
     consumed = service.metrics.registry.get_sample_value(
@@ -254,7 +262,7 @@ async def test_a_bad_steps_message_does_not_stop_the_batch(service: Any) -> None
         Ev(Msg("loopwatch-steps", 1, 0, None, b"[not json")),
         Ev(Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"])),
     ]
-    await service.detect.batch(events)
+    await detect_batch(service, events)
     assert [dict(d["headers"])["reason"] for d in service.topics["dead"].sent] == [
         b"internal_error"
     ]
@@ -266,12 +274,12 @@ async def test_ticks_finalize_due_runs(service: Any) -> None:
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
     (msg,) = service.topics["steps"].sent
     p = msg["partition"]
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
     assert service.topics["runs"].sent == []
     deadline = service.driver.index.get(run.trace_id)
     service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
     assert p in service.driver.due_partitions(10**19)
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
     (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["run_id"] == run.trace_id and summary["outcome"] == "complete"
     assert run.trace_id.encode() not in service.tables.runs
@@ -286,18 +294,18 @@ async def test_unkeyed_finalization_waits_for_the_input_backlog(service: Any) ->
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
     (msg,) = service.topics["steps"].sent
     p = msg["partition"]
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
     now = time.time_ns()
     due_at = now - 5 * 10**9  # due by the wall clock
     service.driver.index.set(run.trace_id, Deadline(p, due_at - 1, None, due_at))
     clock = service.clock.input = InputClock(start_ns=now - 10 * 10**9)
     clock.observe(due_at + 1, {0: 500, 1: 20}, {0: 120, 1: 20})  # partition 0 behind
     assert service.clock.now_ns() < due_at and clock.behind == 1
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 1, None, b'{"tick":1}'))])
     assert service.topics["runs"].sent == []  # held: spans may wait in partition 0's backlog
     clock.observe(due_at + 2, {0: 510, 1: 20}, {0: 500, 1: 20})  # first snapshot reached
     assert clock.now_ns == due_at + 1 and clock.behind == 1
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 2, None, b'{"tick":2}'))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 2, None, b'{"tick":2}'))])
     (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["run_id"] == run.trace_id
 
@@ -309,15 +317,15 @@ async def test_a_tick_judges_deadlines_by_the_clock_it_was_sent_with(service: An
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
     (msg,) = service.topics["steps"].sent
     p = msg["partition"]
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
     due_at = time.time_ns() - 5 * 10**9  # due by the wall clock now
     service.driver.index.set(run.trace_id, Deadline(p, due_at - 1, None, due_at))
     assert tick_clock(encode_tick(time.time_ns(), due_at - 1)) == due_at - 1
     early = encode_tick(time.time_ns(), due_at - 1)  # sent when the clock was short of it
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 1, None, early))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 1, None, early))])
     assert service.topics["runs"].sent == [] and run.trace_id.encode() in service.tables.runs
-    await service.detect.batch(
-        [Ev(Msg("loopwatch-steps", p, 2, None, encode_tick(time.time_ns(), due_at)))]
+    await detect_batch(
+        service, [Ev(Msg("loopwatch-steps", p, 2, None, encode_tick(time.time_ns(), due_at)))]
     )
     (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["run_id"] == run.trace_id
@@ -338,7 +346,7 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     stamped = Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"], headers=headers)
     assert sent_clock(stamped) == now - 7 * 10**9
     assert sent_clock(Msg("loopwatch-steps", 0, 0, None, b"[]")) is None  # older workers
-    await service.detect.batch([Ev(stamped)])
+    await detect_batch(service, [Ev(stamped)])
     env, state = service.driver.cache[run.trace_id]
     assert env.confirmed_end_ns is None  # a first arrival: nothing vouched for yet
     first_max_end = state.max_end_ns
@@ -349,7 +357,7 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     msg = service.topics["steps"].sent[-1]
     headers = list(msg["headers"].items())
     later = Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"], headers=headers)
-    await service.detect.batch([Ev(later)])
+    await detect_batch(service, [Ev(later)])
     env = service.driver.cache[run.trace_id][0]
     assert env.confirmed_end_ns == first_max_end
 
@@ -403,7 +411,7 @@ async def test_keyed_detect_reads_back_a_record_the_stream_skipped(
     runs = {o: looping_run(100 + o) for o in (5, 6, 7)}
     records = {o: encode_request(r.spans) for o, r in runs.items()}
     refetcher = fakes.refetchers["otlp_spans"] = FakeRefetcher(records)
-    await service.detect.batch([Ev(Msg("otlp_spans", 1, o, None, records[o])) for o in (5, 7)])
+    await detect_batch(service, [Ev(Msg("otlp_spans", 1, o, None, records[o])) for o in (5, 7)])
     assert refetcher.reads == [(1, 6, 7)]
     assert service.counters["refetched_records"] == 1
     assert len(service.tables.runs) == 3  # the skipped record's run too
@@ -423,7 +431,7 @@ async def test_detect_reads_back_the_first_record_after_an_assignment(
     records = {o: encode_request(r.spans) for o, r in runs.items()}
     refetcher = fakes.refetchers["otlp_spans"] = FakeRefetcher(records)
     fakes.consumer._committed_offset[("otlp_spans", 2)] = 6
-    await service.detect.batch([Ev(Msg("otlp_spans", 2, 7, None, records[7]))])
+    await detect_batch(service, [Ev(Msg("otlp_spans", 2, 7, None, records[7]))])
     assert refetcher.reads == [(2, 6, 7)]
     assert len(service.tables.runs) == 2
     assert fakes.consumer.acked == [("otlp_spans", 2, 6)]
@@ -537,8 +545,8 @@ async def test_detect_abandons_a_batch_whose_partitions_were_revoked_meanwhile(
 
     monkeypatch.setattr(asyncio, "sleep", rebalance_while_waiting)
     with pytest.raises(Abandoned):
-        await service.detect.batch(
-            [Ev(Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"]))]
+        await detect_batch(
+            service, [Ev(Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"]))]
         )
     assert len(service.tables.runs) == 0  # no state written for a batch that was not delivered
     assert sum(service.tables.loop_counts.values()) == 0
@@ -631,7 +639,7 @@ async def test_detect_publishes_again_what_was_not_delivered(
         for i, m in enumerate(service.topics["steps"].sent)
     ]
     service.topics["events"].failures = [KafkaConnectionError()]
-    await service.detect.batch(steps)
+    await detect_batch(service, steps)
     sent = [json.loads(m["value"])["run_id"] for m in service.topics["events"].sent]
     assert len(sent) == 4 and sent[0] in sent[1:]  # the failed one, sent again
     assert retries(service, "detect") == 1
@@ -663,12 +671,14 @@ async def test_detect_reads_back_a_steps_message_the_stream_skipped(
         steps[offset] = encode_run_groups(decode_run_groups(msg["value"]))
     steps[13] = b'{"tick":1}'
     refetcher = fakes.refetchers["loopwatch-steps"] = FakeRefetcher(steps, "loopwatch-steps")
-    await service.detect.batch([Ev(Msg("loopwatch-steps", 2, o, None, steps[o])) for o in (10, 12)])
+    await detect_batch(
+        service, [Ev(Msg("loopwatch-steps", 2, o, None, steps[o])) for o in (10, 12)]
+    )
     assert refetcher.reads == [(2, 11, 12)]
     assert service.counters["refetched_records"] == 1
     assert len(service.tables.runs) == 3  # the skipped message's run too
     assert fakes.consumer.acked == [("loopwatch-steps", 2, 11)]
-    await service.detect.batch([Ev(Msg("loopwatch-steps", 2, 14, None, steps[13]))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", 2, 14, None, steps[13]))])
     assert refetcher.reads[-1] == (2, 13, 14)  # the skipped tick, read and dropped
     assert service.counters["refetched_records"] == 2
     assert service.topics["dead"].sent == []
@@ -734,8 +744,8 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
         before = len(service.topics["steps"].sent)
         await service.ingest.record(Ev(Msg("otlp_spans", 0, offset, None, encode_request(spans))))
         (msg,) = service.topics["steps"].sent[before:]
-        await service.detect.batch(
-            [Ev(Msg("loopwatch-steps", msg["partition"], offset, None, msg["value"]))]
+        await detect_batch(
+            service, [Ev(Msg("loopwatch-steps", msg["partition"], offset, None, msg["value"]))]
         )
         return int(msg["partition"])
 
@@ -749,7 +759,7 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
     await deliver(2, root)
     deadline = service.driver.index.get(run.trace_id)
     service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
-    await service.detect.batch([Ev(Msg("loopwatch-steps", p, 3, None, b'{"tick":1}'))])
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 3, None, b'{"tick":1}'))])
     (summary,) = [json.loads(m["value"]) for m in service.topics["runs"].sent]
     assert summary["prompt_version"] == "support-v77"
     assert [d["event_id"] for d in summary["deferred_events"]] == [event["event_id"]]
@@ -758,3 +768,125 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
     assert loop_events(**labels, prompt_version="unknown", tool_version="3") is None
     (key,) = [k for k, n in service.tables.loop_counts.items() if n]
     assert json.loads(key)[:3] == ["identical_repetition", "support-v77", "3"]
+
+
+# ------------------------------------------------------------------ staged state writes
+
+
+@dataclass
+class RefMsg(Msg):
+    """A message as the detect agent's `run` holds it (faust's reference count)."""
+
+    refs: int = 0
+
+    def incref(self) -> None:
+        self.refs += 1
+
+
+class BatchStream(FakeStream):
+    """take_events as faust's stream gives it: these batches, then the end (a stop)."""
+
+    def __init__(self, batches: list[list[Any]]) -> None:
+        super().__init__()
+        self.batches = batches
+
+    async def take_events(self, n: int, within: float) -> Any:
+        for batch in self.batches:
+            yield batch
+            await asyncio.sleep(0)
+
+
+async def two_parts_of_one_run(service: Any, trace: int) -> list[Any]:
+    """Two steps messages of one run (two input records), as detect events."""
+    run = looping_run(trace)
+    for offset, spans in enumerate((run.spans[:2], run.spans[2:])):
+        await service.ingest.record(Ev(Msg("otlp_spans", 0, offset, None, encode_request(spans))))
+    return [
+        Ev(RefMsg("loopwatch-steps", m["partition"], i, None, m["value"]))
+        for i, m in enumerate(service.topics["steps"].sent)
+    ]
+
+
+async def test_a_run_touched_by_two_batches_of_a_flush_interval_is_written_once(
+    make: Any, fakes: Fakes
+) -> None:
+    service = make(LOOPWATCH_STATE_FLUSH_MS="60000")
+    first, second = await two_parts_of_one_run(service, 41)
+    fakes.log.clear()
+    await service.detect.batch([first])
+    await service.detect.batch([second])
+    assert ("write", "runs") not in fakes.log and not service.detect.flush_due()
+    assert len(service.topics["events"].sent) == 1  # outputs are not held back
+    assert service.detect.flush() == [first, second]  # acknowledged after the write
+    assert fakes.log.count(("write", "runs")) == 1
+    assert fakes.log.index(("send", "events")) < fakes.log.index(("write", "runs"))
+
+    per_batch = make(LOOPWATCH_STATE_FLUSH_MS="0")  # the same run, written after each batch
+    for event in await two_parts_of_one_run(per_batch, 41):
+        await per_batch.detect.batch([event])
+        assert per_batch.detect.flush_due()
+        per_batch.detect.flush()
+    assert fakes.log.count(("write", "runs")) == 1 + 2
+    states = [
+        {k: decode_envelope(v)[1] for k, v in s.tables.runs.items()} for s in (service, per_batch)
+    ]
+    assert states[0] == states[1]  # (the envelopes differ in arrival times only)
+
+
+async def test_a_rebalance_drops_staged_state_and_never_acknowledges_its_records(
+    make: Any, fakes: Fakes
+) -> None:
+    """Acknowledged after the rebalance, the records would let faust commit the new
+    assignment past them while their state was never written: they must be redone."""
+    service = make(LOOPWATCH_STATE_FLUSH_MS="60000")
+    first, second = await two_parts_of_one_run(service, 42)
+    await service.detect.batch([first])
+    service.revoked([])
+    service.recovered({0, 1, 2, 3})
+    assert service.detect.flush() == []
+    assert len(service.tables.runs) == 0
+    await service.detect.batch([first])  # redone from the committed offset
+    await service.detect.batch([second])
+    assert service.detect.flush() == [first, second]
+    assert len(service.tables.runs) == 1
+
+
+async def test_a_rebalance_while_a_batch_publishes_abandons_it_even_when_delivered(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = make(LOOPWATCH_STATE_FLUSH_MS="60000")
+    first, _ = await two_parts_of_one_run(service, 43)
+    deliver = service.publisher.deliver
+
+    async def rebalance_then_deliver(stage: str, sent: Any) -> None:
+        service.revoked([])
+        await deliver(stage, sent)
+
+    monkeypatch.setattr(service.publisher, "deliver", rebalance_then_deliver)
+    with pytest.raises(Abandoned):
+        await service.detect.batch([first])
+    assert service.detect.staged == [] and service.driver.store.pending_runs == {}
+
+
+async def test_the_agent_acknowledges_after_the_flush_and_flushes_at_a_stop(
+    make: Any, fakes: Fakes
+) -> None:
+    service = make(LOOPWATCH_STATE_FLUSH_MS="60000")
+    first, second = await two_parts_of_one_run(service, 44)
+    stream = BatchStream([[first], [second]])
+    await service.detect.run(stream, 10, 0.01)
+    assert first.message.refs == second.message.refs == 1  # held until acknowledged
+    assert stream.acked == [0, 1]  # by the flush at the end of the stream
+    assert len(service.tables.runs) == 1
+
+
+async def test_a_quiet_stream_is_flushed_by_the_timer(make: Any) -> None:
+    service = make(LOOPWATCH_STATE_FLUSH_MS="20")
+    first, _ = await two_parts_of_one_run(service, 45)
+    service.detect.stream = stream = FakeStream()
+    await service.detect.batch([first])
+    await service.detect.flush_if_due()
+    assert stream.acked == [] or len(service.tables.runs) == 1  # (a slow machine: due)
+    await asyncio.sleep(0.03)
+    await service.detect.flush_if_due()
+    assert stream.acked == [0] and len(service.tables.runs) == 1
