@@ -51,8 +51,10 @@ impl JStr<'_> {
 /// A JSON object with Python dict semantics: keys in first-seen order, the last value kept.
 pub struct Obj<'a> {
     items: Vec<(JStr<'a>, J<'a>)>,
-    /// Built once an object grows past a few keys, so hostile wide objects stay linear.
-    index: Option<HashMap<(bool, String), usize>>,
+    /// Built once an object grows past a few keys, so hostile wide objects stay linear
+    /// (boxed: it keeps `J` small, and the tree moves `J`s around a lot).
+    #[allow(clippy::box_collection)]
+    index: Option<Box<HashMap<(bool, String), usize>>>,
 }
 
 const INDEX_FROM: usize = 16;
@@ -60,13 +62,13 @@ const INDEX_FROM: usize = 16;
 impl<'a> Obj<'a> {
     fn new() -> Self {
         Obj {
-            items: Vec::new(),
+            items: Vec::with_capacity(8),
             index: None,
         }
     }
 
     fn insert(&mut self, k: JStr<'a>, v: J<'a>) {
-        if let Some(ix) = &mut self.index {
+        if let Some(ix) = self.index.as_deref_mut() {
             match ix.get(&(k.lone, k.s.to_string())) {
                 Some(&i) => self.items[i].1 = v,
                 None => {
@@ -88,7 +90,7 @@ impl<'a> Obj<'a> {
                 .enumerate()
                 .map(|(i, (key, _))| ((key.lone, key.s.to_string()), i))
                 .collect();
-            self.index = Some(ix);
+            self.index = Some(Box::new(ix));
         }
     }
 
