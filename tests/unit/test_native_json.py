@@ -518,7 +518,17 @@ def test_double_beyond_range_is_infinite_in_the_reference() -> None:
     assert records[0].attributes["d"] == math.inf
 
 
-def test_deep_documents_go_to_the_reference() -> None:
+@pytest.fixture
+def wrapper(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], list[SpanRecord]]:
+    """json_decode._decode_native bound to the extension, also when LOOPWATCH_NATIVE=0."""
+    assert loopwatch_native is not None
+    monkeypatch.setattr(json_decode, "_NATIVE_DECODE", loopwatch_native.decode_json, raising=False)
+    return json_decode._decode_native
+
+
+def test_deep_documents_go_to_the_reference(
+    wrapper: Callable[[bytes, str], list[SpanRecord]],
+) -> None:
     assert loopwatch_native is not None
     deep = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
     args = (SpanRecord, SpanEvent, DecodeError, MAX_DEPTH, sys.get_int_max_str_digits(), False)
@@ -528,9 +538,7 @@ def test_deep_documents_go_to_the_reference() -> None:
         loopwatch_native.decode_json(shallow, "s", *args)
     # through the wrapper, the reference's answer
     for data in (deep, b"[" * 5000, b'{"a":' * 5000):
-        assert outcome(json_decode._decode_native, data) == outcome(
-            json_decode.decode_json_py, data
-        )
+        assert outcome(wrapper, data) == outcome(json_decode.decode_json_py, data)
 
 
 def test_enum_tables_match_the_descriptors() -> None:
@@ -591,11 +599,14 @@ def test_decode_json_uses_the_active_path() -> None:
     )
 
 
-def test_str_and_other_buffers_take_the_python_path() -> None:
+def test_str_and_other_buffers_take_the_python_path(
+    wrapper: Callable[[Any, str], list[SpanRecord]],
+) -> None:
     data = next(d for n, d in CORPUS if ".jsonl:" in n)
     want = json_decode.decode_json_py(data)
-    assert json_decode._decode_native(data.decode()) == want
-    assert json_decode._decode_native(bytearray(data)) == want  # type: ignore[arg-type]
+    assert wrapper(data, "s") == json_decode.decode_json_py(data, "s")
+    assert wrapper(data.decode(), "record") == want
+    assert wrapper(bytearray(data), "record") == want
 
 
 def test_fileexporter_lines_reach_the_decoder_as_bytes() -> None:
