@@ -85,6 +85,26 @@ def main(argv: list[str] | None = None) -> int:
             ),
         ),
         (
+            "JSON decode, Python (same corpus as OTLP JSON lines)",
+            f"{replay['json_decode_python_spans_per_s']:,.0f} spans/s",
+            f"1 core, best of {replay['rounds']} alternating rounds",
+        ),
+        (
+            "JSON decode, native (loopwatch_native, same lines)",
+            (
+                f"{replay['json_decode_native_spans_per_s']:,.0f} spans/s"
+                if replay["json_decode_native_spans_per_s"]
+                else "not used"
+            ),
+            (
+                f"1 core, best of {replay['rounds']}, "
+                f"x{replay['json_decode_native_spans_per_s'] / replay['json_decode_python_spans_per_s']:.1f}"
+                " the Python JSON decoder"
+                if replay["json_decode_native_spans_per_s"]
+                else str(replay["span_path_detail"])
+            ),
+        ),
+        (
             "loopwatch replay (decode + normalize + detect)",
             f"{replay['replay_spans_per_s']:,.0f} spans/s",
             f"1 core, best of {replay['rounds']}, {replay['span_path']} span path",

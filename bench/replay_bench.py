@@ -1,4 +1,5 @@
-"""Decode ceiling vs the replay engine on the same protobuf corpus, and replay memory."""
+"""Decode ceiling vs the replay engine on the same protobuf corpus, the JSON decoders on the
+same corpus as OTLP JSON, and replay memory."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams import native
 from streams.engine import Engine
-from streams.otlp import decode_proto
+from streams.otlp import decode_proto, proto_to_json_bytes
+from streams.otlp.json_decode import _decode_native as decode_json_native
+from streams.otlp.json_decode import decode_json_py
 from streams.otlp.proto import decode_proto_py
 from streams.runtime import tune_gc
 from streams.spans import SpanRecord
@@ -81,6 +84,27 @@ def memory_profile(
     return out
 
 
+def json_decode_rates(messages: list[bytes], rounds: int) -> tuple[float, float | None]:
+    """The same corpus as OTLP JSON lines (as the Collector's fileexporter writes them): the
+    Python decoder's and the native one's bare decode rates, alternating rounds, best of each.
+    Native is None when the extension is not built."""
+    lines = [proto_to_json_bytes(m) for m in messages]
+    decoders: list[Callable[[bytes], list[SpanRecord]]] = [decode_json_py]
+    if native.ACTIVE == "native":
+        decoders.append(decode_json_native)
+    best = [float("inf")] * len(decoders)
+    counts = [0] * len(decoders)
+    for decode in decoders:
+        decode_ceiling(lines[:20], decode)
+    for _ in range(rounds):
+        for i, decode in enumerate(decoders):
+            counts[i], seconds = decode_ceiling(lines, decode)
+            best[i] = min(best[i], seconds)
+    assert len(set(counts)) == 1
+    rates = [counts[0] / s for s in best]
+    return rates[0], (rates[1] if len(rates) > 1 else None)
+
+
 def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
     messages = list(export_messages(spans))
     # Warm up both paths once (imports, caches), then measure them in alternating rounds
@@ -103,6 +127,7 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         replay_spans, seconds, engine = replay_engine(messages, policy_path)
         replay_s = min(replay_s, seconds)
     assert ceiling_spans == replay_spans
+    json_py, json_native = json_decode_rates(messages, rounds)
     sizes = state_sizes(messages, policy_path)
     result = {
         "spans": ceiling_spans,
@@ -113,6 +138,8 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         "native_decode_spans_per_s": (
             ceiling_spans / native_s if native_decode is not None else None
         ),
+        "json_decode_python_spans_per_s": json_py,
+        "json_decode_native_spans_per_s": json_native,
         "replay_spans_per_s": replay_spans / replay_s,
         "replay_to_ceiling": (replay_spans / replay_s) / (ceiling_spans / ceiling_s),
         "rounds": rounds,

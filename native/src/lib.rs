@@ -1,6 +1,8 @@
-//! loopwatch_native: the compiled span path. Today: OTLP protobuf bytes -> SpanRecord values,
-//! the same values and the same DecodeError messages as `streams/otlp/proto.py` (the
-//! reference; `tests/unit/test_native.py` runs both on the same inputs).
+//! loopwatch_native: the compiled span path. Today: OTLP protobuf bytes and OTLP JSON bytes ->
+//! SpanRecord values, the same values and the same DecodeError messages as
+//! `streams/otlp/proto.py` and `streams/otlp/json_decode.py` (the references;
+//! `tests/unit/test_native.py` and `tests/unit/test_native_json.py` run both on the same
+//! inputs). Both formats are parsed into the structures of `wire.rs` first.
 
 use std::collections::HashMap;
 
@@ -8,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
 mod digest;
+mod json;
 mod wire;
 
 /// A Rust integer as a Python int (the conversion cannot fail).
@@ -24,7 +27,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 1;
+const API: u32 = 2;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 
@@ -167,8 +170,20 @@ fn decode_proto<'py>(
             )))
         }
     };
+    convert(py, &tree, source, record, event, &raise)
+}
+
+/// The parsed request -> list[record], resource dicts shared per ResourceSpans.
+fn convert<'a, 'py>(
+    py: Python<'py>,
+    tree: &[wire::ResourceSpans<'a>],
+    source: &str,
+    record: &Bound<'py, PyAny>,
+    event: &Bound<'py, PyAny>,
+    raise: &dyn Fn(String) -> PyErr,
+) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
-    let mut keys: Keys<'_, 'py> = HashMap::new();
+    let mut keys: Keys<'a, 'py> = HashMap::new();
     let mut n = 0usize;
     for (ri, rs) in tree.iter().enumerate() {
         let resource = match conv_attrs(py, &mut keys, &rs.resource) {
@@ -206,7 +221,7 @@ fn span_record<'a, 'py>(
     record: &Bound<'py, PyAny>,
     event: &Bound<'py, PyAny>,
 ) -> Result<Bound<'py, PyAny>, Fail> {
-    let (tid, sid, pid) = (sp.trace_id, sp.span_id, sp.parent);
+    let (tid, sid, pid) = (&*sp.trace_id, &*sp.span_id, &*sp.parent);
     if tid.len() != 16
         || sid.len() != 8
         || (!pid.is_empty() && pid.len() != 8)
@@ -251,6 +266,98 @@ fn span_record<'a, 'py>(
     Ok(record.call1(args)?)
 }
 
+/// decode_json(data, source, record, event, error, max_depth, max_digits, trailing_comma_msgs)
+/// -> list[record] | None
+///
+/// OTLP JSON bytes, as `streams/otlp/json_decode.decode_json_py` decodes them. None when the
+/// document nests deeper than `max_depth`: there the reference's outcome depends on Python's
+/// recursion limit, so the caller asks it. `max_digits` is sys.get_int_max_str_digits();
+/// `trailing_comma_msgs` is true on CPython 3.13+, whose json module names a trailing comma.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn decode_json<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    source: &str,
+    record: &Bound<'py, PyAny>,
+    event: &Bound<'py, PyAny>,
+    error: &Bound<'py, PyAny>,
+    max_depth: usize,
+    max_digits: usize,
+    trailing_comma_msgs: bool,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let raise = |msg: String| -> PyErr {
+        match error.call1((msg,)) {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    };
+    let text = match std::str::from_utf8(data.as_bytes()) {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(raise(format!(
+                "{}: JSON is not valid UTF-8 (byte offset {})",
+                source,
+                e.valid_up_to()
+            )))
+        }
+    };
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
+    let opts = json::Opts {
+        max_depth,
+        max_digits,
+        trailing_comma_msgs,
+    };
+    let (doc, lone) = match json::parse(text, opts) {
+        Ok(x) => x,
+        Err(json::ParseErr::TooDeep) => return Ok(None),
+        Err(json::ParseErr::TooLarge) => {
+            return Err(raise(format!("{}: invalid JSON: number too large", source)))
+        }
+        Err(json::ParseErr::Syntax(msg, pos)) => {
+            let (line, col) = json::line_col(text, pos);
+            return Err(raise(format!(
+                "{}: invalid JSON at line {} column {}: {}",
+                source, line, col, msg
+            )));
+        }
+    };
+    if lone && json::has_lone(&doc) {
+        return Err(raise(format!(
+            "{}: invalid JSON: string with an unpaired surrogate escape",
+            source
+        )));
+    }
+    let top = match &doc {
+        json::J::Obj(o) => o,
+        other => {
+            return Err(raise(format!(
+                "{}: top-level JSON value is not an object ({})",
+                source,
+                json::json_type(other)
+            )))
+        }
+    };
+    let repr = |key: &str| -> String {
+        match PyString::new(py, key).repr() {
+            Ok(r) => r.to_string(),
+            Err(_) => format!("{:?}", key),
+        }
+    };
+    let walk = json::Walk { repr: &repr };
+    let tree = match walk.request(top) {
+        Ok(t) => t,
+        Err(reason) => return Err(raise(format!("{}: {}", source, reason))),
+    };
+    convert(py, &tree, source, record, event, &raise).map(Some)
+}
+
+/// The span kind and status code names the JSON decoder knows, for the descriptor test.
+#[pyfunction]
+fn json_enums() -> (json::EnumTable, json::EnumTable) {
+    json::enum_tables()
+}
+
 /// The wire schema the parser knows: [(message, field number, kind)], for the descriptor test.
 #[pyfunction]
 fn schema() -> Vec<(&'static str, u32, &'static str)> {
@@ -262,6 +369,8 @@ fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("API", API)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(decode_proto, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_json, m)?)?;
+    m.add_function(wrap_pyfunction!(json_enums, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_class::<digest::Digests>()?;
     Ok(())

@@ -18,6 +18,10 @@
 //!
 //! The parse builds borrowed structures (`&str` / `&[u8]` into the input); the conversion to
 //! Python values happens afterwards, in the order the Python decoder walks the request.
+//! `json.rs` builds the same structures from OTLP JSON: its ids and bytes values are decoded
+//! from hex / base64, hence `Cow` for those fields (always borrowed here).
+
+use std::borrow::Cow;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireErr {
@@ -257,7 +261,7 @@ pub enum Val<'a> {
     Double(f64),
     Array(Vec<Val<'a>>),
     KvList(Vec<Kv<'a>>),
-    Bytes(&'a [u8]),
+    Bytes(Cow<'a, [u8]>),
     StrIndex,
 }
 
@@ -276,9 +280,9 @@ pub struct Event<'a> {
 
 #[derive(Debug, Default)]
 pub struct Span<'a> {
-    pub trace_id: &'a [u8],
-    pub span_id: &'a [u8],
-    pub parent: &'a [u8],
+    pub trace_id: Cow<'a, [u8]>,
+    pub span_id: Cow<'a, [u8]>,
+    pub parent: Cow<'a, [u8]>,
     pub name: &'a str,
     pub kind: i32,
     pub start: u64,
@@ -508,12 +512,12 @@ fn parse_scope<'a>(mut r: Rd<'a>, depth: i32, name: &mut &'a str) -> Res<()> {
 fn parse_span<'a>(mut r: Rd<'a>, depth: i32, sp: &mut Span<'a>) -> Res<()> {
     while r.more()? {
         match r.tag()? {
-            (1, LEN) => sp.trace_id = r.delimited()?,
-            (2, LEN) => sp.span_id = r.delimited()?,
+            (1, LEN) => sp.trace_id = Cow::Borrowed(r.delimited()?),
+            (2, LEN) => sp.span_id = Cow::Borrowed(r.delimited()?),
             (3, LEN) => {
                 r.string()?;
             }
-            (4, LEN) => sp.parent = r.delimited()?,
+            (4, LEN) => sp.parent = Cow::Borrowed(r.delimited()?),
             (5, LEN) => sp.name = r.string()?,
             (6, VARINT) => sp.kind = r.varint()? as u32 as i32,
             (7, I64) => sp.start = r.fixed64()?,
@@ -668,7 +672,7 @@ fn parse_any<'a>(mut r: Rd<'a>, depth: i32, v: &mut Val<'a>) -> Res<()> {
                     }
                 }
             }
-            (7, LEN) => *v = Val::Bytes(r.delimited()?),
+            (7, LEN) => *v = Val::Bytes(Cow::Borrowed(r.delimited()?)),
             (8, VARINT) => {
                 r.varint()?;
                 *v = Val::StrIndex;

@@ -10,9 +10,11 @@ import binascii
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, Final
 
+from streams import native
 from streams.errors import DecodeError
 from streams.otlp.common import (
     _I32_MAX,
@@ -194,7 +196,10 @@ def _jv_double(x: Any, depth: int) -> float:
     if t is float:
         return float(x)
     if t is int:
-        return float(x)
+        try:
+            return float(x)
+        except OverflowError:  # beyond the double range: inf, as float("1e999") is
+            return math.inf if x > 0 else -math.inf
     if t is str:
         special = _SPECIAL_DOUBLES.get(x)
         if special is not None:
@@ -411,8 +416,9 @@ def _scope_of(ss: dict[str, Any]) -> dict[str, Any]:
     return _json_obj(scope, "scope")
 
 
-def decode_json(data: bytes | str, source: str = "record") -> list[SpanRecord]:
-    """Decode one OTLP JSON TracesData / ExportTraceServiceRequest document."""
+def decode_json_py(data: bytes | str, source: str = "record") -> list[SpanRecord]:
+    """Decode one OTLP JSON TracesData / ExportTraceServiceRequest document: the pure-Python
+    decoder, the fallback and the reference for the native one."""
     doc = _json_load(data, source)
     out: list[SpanRecord] = []
     append = out.append
@@ -557,3 +563,38 @@ def decode_json(data: bytes | str, source: str = "record") -> list[SpanRecord]:
     except RecursionError:
         raise DecodeError(f"{source}: value nesting too deep") from None
     return out
+
+
+# The native decoder leaves documents nested deeper than this to the reference: there the
+# reference's outcome (a RecursionError turned into a message) depends on Python's recursion
+# limit and on how deep the caller's stack already is. Valid OTLP needs about 270 levels
+# (64 nested kvlist values); 400 keeps clear of the default limit of 1000 frames.
+_NATIVE_MAX_DEPTH: Final = min(400, sys.getrecursionlimit() * 2 // 5)
+# CPython 3.13's json names a trailing comma ("Illegal trailing comma before end of ...").
+_TRAILING_COMMA_MSGS: Final = sys.version_info >= (3, 13)
+
+
+def _decode_native(data: bytes | str, source: str = "record") -> list[SpanRecord]:
+    """The compiled decoder (loopwatch_native): the same records and messages as
+    `decode_json_py` for `bytes`; `str` and other buffer types take the Python path, and so
+    do documents nested deeper than the native decoder decides (it returns None)."""
+    if type(data) is not bytes:
+        return decode_json_py(data, source)
+    out = _NATIVE_DECODE(
+        data,
+        source,
+        SpanRecord,
+        SpanEvent,
+        DecodeError,
+        _NATIVE_MAX_DEPTH,
+        sys.get_int_max_str_digits(),
+        _TRAILING_COMMA_MSGS,
+    )
+    return decode_json_py(data, source) if out is None else out
+
+
+if native.EXT is not None:
+    _NATIVE_DECODE: Final = native.EXT.decode_json
+    decode_json = _decode_native
+else:
+    decode_json = decode_json_py
