@@ -8,6 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
 mod digest;
+mod normalize;
+mod pyval;
 mod wire;
 
 /// A Rust integer as a Python int (the conversion cannot fail).
@@ -24,7 +26,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 1;
+const API: u32 = 3;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 
@@ -264,5 +266,6 @@ fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_proto, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_class::<digest::Digests>()?;
+    m.add_class::<normalize::SpanPath>()?;
     Ok(())
 }
