@@ -16,6 +16,7 @@ import json
 import math
 import re
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from detectors.fingerprint import Fingerprinter
@@ -193,3 +194,28 @@ def build(policy: Policy, fingerprinter: Fingerprinter, stream: TextIO | None = 
                 file=stream or sys.stderr,
             )
         return None
+
+
+@dataclass(slots=True)
+class NativeBatch:
+    """One export message normalized natively: what `group_steps` gives for it, plus the
+    span count, the invalid spans to report and the batch's span end range (`feed_sources`
+    merges sources by it)."""
+
+    by_run: dict[str, list[Step]]
+    invalid: int
+    max_end: int
+    spans: int
+    invalid_spans: list[tuple[str, str, str]]  # (span id, trace id, exception name)
+    first_end: int
+    last_end: int
+
+
+def normalize(span_path: Any, data: Any) -> NativeBatch | None:
+    """The native result for OTLP protobuf `data`, or None: the Python decoder and
+    normalizer must take this message (malformed input, for its exact error; a value only
+    Python decides; a buffer that is not bytes)."""
+    if span_path is None or type(data) is not bytes:
+        return None
+    got = span_path.normalize(data)
+    return None if got is None else NativeBatch(*got)

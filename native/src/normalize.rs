@@ -13,7 +13,42 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap as StdHashMap, HashSet as StdHashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FxHash (rustc's): attribute keys and rule values are short strings looked up per span;
+/// SipHash's flooding resistance buys nothing for keys that come from the policy.
+#[derive(Default, Clone, Copy)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut h = self.0;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(c);
+            h = (h.rotate_left(5) ^ u64::from_le_bytes(a)).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            h = (h.rotate_left(5) ^ b as u64).wrapping_mul(K);
+        }
+        self.0 = h;
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.0 = (self.0.rotate_left(5) ^ i as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type HashMap<K, V> = StdHashMap<K, V, BuildHasherDefault<Fx>>;
+type HashSet<K> = StdHashSet<K, BuildHasherDefault<Fx>>;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -409,7 +444,7 @@ fn parse_profile(
             parse_matcher(sget(rule, "match").map_err(ve)?).map_err(ve)?,
         ));
     }
-    let mut keymap: HashMap<String, Vec<(usize, usize)>> = HashMap::new();
+    let mut keymap: HashMap<String, Vec<(usize, usize)>> = HashMap::default();
     let keys = sget(v, "keys")
         .map_err(ve)?
         .dict()
@@ -1196,7 +1231,6 @@ impl SpanPath {
         if span.end as u128 > now_ns + MAX_FUTURE_NS {
             return Ok(Err("ValueError"));
         }
-        let keys: Vec<&str> = span.attrs.iter().map(|(k, _)| *k).collect();
         let profile = self
             .profiles
             .iter()
@@ -1206,7 +1240,9 @@ impl SpanPath {
                     || p.scope_prefixes
                         .iter()
                         .any(|x| span.scope.starts_with(x.as_str()))
-                    || p.has_attributes.iter().any(|a| keys.contains(&a.as_str()))
+                    || p.has_attributes
+                        .iter()
+                        .any(|a| span.attrs.iter().any(|(k, _)| k == a))
             })
             .ok_or(Hard)?; // no profile: Python raises StopIteration
         let view = self.view(profile, span);
@@ -1885,7 +1921,15 @@ fn last_message_text(doc: &V<'_>) -> Option<String> {
 }
 
 /// What one batch gives: None (the Python path decides) or the grouped steps.
-type Batch<'py> = Option<(Bound<'py, PyDict>, usize, u64, usize, Bound<'py, PyList>)>;
+type Batch<'py> = Option<(
+    Bound<'py, PyDict>,
+    usize,
+    u64,
+    usize,
+    Bound<'py, PyList>,
+    u64,
+    u64,
+)>;
 
 #[pymethods]
 impl SpanPath {
@@ -1936,7 +1980,7 @@ impl SpanPath {
         for p in s_list(sget(&root, "profiles").map_err(ve)?, "profiles").map_err(ve)? {
             profiles.push(parse_profile(py, p, &common)?);
         }
-        let mut tools = HashMap::new();
+        let mut tools = HashMap::default();
         for (name, c) in sget(&root, "tools")
             .map_err(ve)?
             .dict()
@@ -1967,7 +2011,8 @@ impl SpanPath {
     }
 
     /// normalize(data) -> None, or (steps by run id, invalid count, latest end, span count,
-    /// [(span_id, trace_id, exception name)] of the invalid spans): what
+    /// [(span_id, trace_id, exception name)] of the invalid spans, earliest and latest end
+    /// of all spans (0, 0 without spans)): what
     /// `group_steps(normalizer, decode_proto(data))` gives. None: the batch needs the Python
     /// path (malformed input, for its error; or a value only Python decides).
     fn normalize<'py>(&self, py: Python<'py>, data: &[u8]) -> PyResult<Batch<'py>> {
@@ -1996,10 +2041,11 @@ impl SpanPath {
             }
         }
         let mut order: Vec<(String, Vec<Bound<'py, PyAny>>)> = Vec::new();
-        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut index: HashMap<String, usize> = HashMap::default();
         let mut invalid = 0usize;
         let invalid_list = PyList::empty(py);
         let mut max_end = 0u64;
+        let (mut first_end, mut last_end) = (u64::MAX, 0u64); // over every span, valid or not
         let mut n = 0usize;
         for rs in &tree {
             let resource = match conv_attrs(&rs.resource) {
@@ -2013,6 +2059,8 @@ impl SpanPath {
             for ss in &rs.scopes {
                 for sp in &ss.spans {
                     n += 1;
+                    first_end = first_end.min(sp.end);
+                    last_end = last_end.max(sp.end);
                     let attrs = match conv_attrs(&sp.attrs) {
                         Ok(a) => a,
                         Err(Hard) => return Ok(None),
@@ -2075,6 +2123,17 @@ impl SpanPath {
         for (run_id, steps) in order {
             by_run.set_item(run_id, PyList::new(py, steps)?)?;
         }
-        Ok(Some((by_run, invalid, max_end, n, invalid_list)))
+        if n == 0 {
+            first_end = 0;
+        }
+        Ok(Some((
+            by_run,
+            invalid,
+            max_end,
+            n,
+            invalid_list,
+            first_end,
+            last_end,
+        )))
     }
 }

@@ -278,6 +278,15 @@ fn str_repr(py: Python<'_>, s: &str, out: &mut String) -> R<()> {
         out.push_str(r.to_str()?);
         return Ok(());
     }
+    let b = s.as_bytes();
+    if b.iter()
+        .all(|&c| (0x20..0x7f).contains(&c) && c != b'\\' && c != b'\'')
+    {
+        out.push('\'');
+        out.push_str(s);
+        out.push('\'');
+        return Ok(());
+    }
     let quote = if s.contains('\'') && !s.contains('"') {
         '"'
     } else {
