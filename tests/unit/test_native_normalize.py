@@ -381,7 +381,7 @@ def json_text(draw: st.DrawFn) -> str:
     text = json.dumps(value, ensure_ascii=draw(st.booleans()))
     return draw(
         st.sampled_from(
-            [text, " " + text + "\n", text[:-1] or "x", text + "x", "NaN" if not text else text]
+            [text, " " + text + "\n", text[:-1] or "x", text + "x", "[1, NaN]", "-Infinity"]
         )
     )
 
@@ -458,7 +458,7 @@ def requests(draw: st.DrawFn) -> bytes:
                     ]
                 )
             )
-            for i in range(draw(st.integers(0, 6))):
+            for _ in range(draw(st.integers(0, 6))):
                 sp = Span(
                     trace_id=draw(st.sampled_from(traces)),
                     span_id=draw(st.integers(1, 2**64 - 1)).to_bytes(8, "big"),
