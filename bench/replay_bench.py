@@ -50,7 +50,7 @@ def replay_engine(messages: list[bytes], policy_path: str) -> tuple[int, float, 
     engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
     started = time.perf_counter()
     for message in messages:
-        engine.feed(decode_proto(message))
+        engine.feed_bytes(message)
     engine.close()
     return engine.stats.spans, time.perf_counter() - started, engine
 
@@ -74,7 +74,7 @@ def memory_profile(
     out: dict[str, Any] = {"rss_mib": {}, "max_active_runs": 0}
     pending = list(checkpoints)
     for message in export_messages(total_spans, seed=11):
-        engine.feed(decode_proto(message))
+        engine.feed_bytes(message)
         out["max_active_runs"] = max(out["max_active_runs"], len(engine.runs))
         if pending and engine.stats.spans >= pending[0]:
             out["rss_mib"][str(pending.pop(0))] = round(rss_mib(), 1)

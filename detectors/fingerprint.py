@@ -62,10 +62,11 @@ def _hmac_pads(key: bytes) -> tuple[Any, Any]:
 class Fingerprinter:
     """Keyed digests. `keyed` says whether an HMAC key is in use (reported once at startup)."""
 
-    __slots__ = ("_pads", "keyed")
+    __slots__ = ("_pads", "keyed", "key")
 
     def __init__(self, key: bytes | None = None) -> None:
         self.keyed = bool(key)
+        self.key = key or None  # handed to the native normalizer (same digests)
         self._pads = _hmac_pads(key) if key else None
 
     def digest(self, data: bytes) -> str:

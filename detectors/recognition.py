@@ -129,6 +129,7 @@ class KindRule:
     kind: str
     match: Matcher
     label: str  # "<profile>#<index>" or the rule's id, for `loopwatch inspect`
+    data: Any = None  # the match conditions as plain data (matcher_data), for native code
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,7 @@ class Source:
     argument: str | None = None
     tool_name_after: str | None = None
     when: Matcher | None = None
+    when_data: Any = None  # `when` as plain data (matcher_data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +278,32 @@ class _Compiler:
             return lambda f: f.tool_name().startswith(texts)
         raise AssertionError(key)  # MATCH_KEYS is exhaustive
 
+    def matcher_data(self, raw: Any) -> Any:
+        """A validated matcher (see `matcher`) as plain data: {"all"|"any": [...]},
+        {"not": m}, {"root": bool}, {"has": [fields]}, {"field"|"attribute": [name, [values]]},
+        {"name"|"name_prefix"|"name_suffix"|"tool_name"|"tool_name_prefix": [texts]},
+        {"name_contains": [lowered texts]}. The closures and this are compiled from the
+        same validated mapping; the native normalizer reads this form."""
+        parts = [self._condition_data(key, value) for key, value in raw.items()]
+        return parts[0] if len(parts) == 1 else {"all": parts}
+
+    def _condition_data(self, key: str, value: Any) -> Any:
+        if key in ("any", "all"):
+            return {key: [self.matcher_data(v) for v in value]}
+        if key == "not":
+            return {"not": self.matcher_data(value)}
+        if key == "root":
+            return {"root": value}
+        if key in ("field", "attribute"):
+            checks = [
+                {key: [name, list(self.strings(wanted, key))]} for name, wanted in value.items()
+            ]
+            return checks[0] if len(checks) == 1 else {"all": checks}
+        texts = list(self.strings(value, key))
+        if key == "name_contains":
+            texts = [t.lower() for t in texts]
+        return {key: texts}
+
     def _field_name(self, name: str, path: str) -> None:
         if name not in FIELDS:
             raise ConfigError(
@@ -349,6 +377,7 @@ class _Compiler:
             raise self.fail(path, "a format (" + ", ".join(CALL_FORMATS) + ")", raw)
         if "when" in m:
             kw["when"] = self.matcher(m["when"], f"{path}.when", Refs())
+            kw["when_data"] = self.matcher_data(m["when"])
         src = Source(**kw)
         if field_name == "requested_calls" and src.attribute is None:
             raise self.fail(
@@ -507,7 +536,7 @@ class _Compiler:
             label = r.get("id", f"{raw.name}#{i}")
             if not isinstance(label, str):
                 raise self.fail(f"{rp}.id", "a string", label)
-            parts["kinds"].append(KindRule(kind, matcher, label))
+            parts["kinds"].append(KindRule(kind, matcher, label, self.matcher_data(r["match"])))
         fields = self.mapping(body.get("fields", {}), f"{path}.fields", set(FIELDS))
         for name, sources in fields.items():
             fp = f"{path}.fields.{name}"

@@ -19,8 +19,11 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
+from streams import native_spec
 from streams.errors import DecodeError, InputError
+from streams.native_spec import NativeBatch
 from streams.normalize import Normalizer
+from streams.otlp import decode_proto
 from streams.runloop import MemoryStore, RunLoop, group_steps
 from streams.spans import SpanRecord
 
@@ -83,6 +86,7 @@ class Engine:
     ) -> None:
         self.policy = policy
         self.normalizer = Normalizer(policy, fingerprinter)
+        self.span_path = native_spec.build(policy, fingerprinter)  # None: Python normalizer
         self.on_event = on_event
         self.on_summary = on_summary
         self.on_invalid = on_invalid
@@ -96,12 +100,19 @@ class Engine:
 
     # ------------------------------------------------------------------ input
 
-    def feed(self, spans: Iterable[SpanRecord], source: int = 0) -> None:
-        """One delivered batch (an OTLP export message) of `source`."""
+    def feed(self, spans: Iterable[SpanRecord] | NativeBatch, source: int = 0) -> None:
+        """One delivered batch (an OTLP export message) of `source`: decoded spans, or
+        the native normalizer's result for it."""
         self.stats.batches += 1
-        spans = spans if isinstance(spans, list) else list(spans)
-        self.stats.spans += len(spans)
-        by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
+        if isinstance(spans, NativeBatch):
+            self.stats.spans += spans.spans
+            for span_id, trace_id, exc in spans.invalid_spans:
+                self._report_invalid(span_id, trace_id, exc)
+            by_run, invalid, max_end = spans.by_run, spans.invalid, spans.max_end
+        else:
+            spans = spans if isinstance(spans, list) else list(spans)
+            self.stats.spans += len(spans)
+            by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
         self.stats.invalid_spans += invalid
         marks = self.marks
         if max_end > marks.get(source, 0):
@@ -110,6 +121,12 @@ class Engine:
         if low > self.watermark_ns:
             self.watermark_ns = low
         self.feed_steps(by_run)
+
+    def feed_bytes(self, data: bytes, source: int = 0, where: str = "record") -> None:
+        """One OTLP protobuf export message of `source`: the native span path when it can
+        take it, else decoded (DecodeError for malformed input) and normalized in Python."""
+        batch = native_spec.normalize(self.span_path, data)
+        self.feed(batch if batch is not None else decode_proto(data, where), source)
 
     def open_source(self, source: int, start_ns: int) -> None:
         """`source` has data from `start_ns` on: the watermark waits for it from now."""
@@ -126,7 +143,7 @@ class Engine:
 
     def feed_sources(
         self,
-        sources: Sequence[Iterable[list[SpanRecord]]],
+        sources: Sequence[Iterable[list[SpanRecord] | NativeBatch]],
         on_batch: Callable[[int], object] | None = None,
         firsts: Sequence[tuple[int, int] | None] | None = None,
     ) -> None:
@@ -139,7 +156,11 @@ class Engine:
         (None: not known). Such a source is started (its iterator's first `next`) only when
         that batch is due, so of many files only those overlapping in time are open at
         once; until then its start holds the watermark back as an open source's does."""
-        heads: list[tuple[int, int, list[SpanRecord], Iterator[list[SpanRecord]]]] = []
+        heads: list[
+            tuple[
+                int, int, list[SpanRecord] | NativeBatch, Iterator[list[SpanRecord] | NativeBatch]
+            ]
+        ] = []
         waiting: list[tuple[int, int]] = []  # (first batch's latest end, source): not started
 
         def start(i: int) -> None:
@@ -177,14 +198,11 @@ class Engine:
                 heapq.heappush(heads, (_span_ends(nxt)[1], i, nxt, it))
 
     def _invalid(self, span: Any, exc: Exception) -> None:
+        self._report_invalid(span.span_id, span.trace_id, type(exc).__name__)
+
+    def _report_invalid(self, span_id: str, trace_id: str, exc: str) -> None:
         if self.on_invalid is not None:
-            self.on_invalid(
-                str(
-                    InputError(
-                        f"span {span.span_id} of trace {span.trace_id}: {type(exc).__name__}"
-                    )
-                )
-            )
+            self.on_invalid(str(InputError(f"span {span_id} of trace {trace_id}: {exc}")))
 
     def feed_steps(self, by_run: dict[str, list[Step]]) -> None:
         loop, now = self.loop, self.watermark_ns
@@ -234,8 +252,10 @@ class Engine:
         pass  # the replay has no capacity bound
 
 
-def _span_ends(spans: list[SpanRecord]) -> tuple[int, int]:
+def _span_ends(spans: list[SpanRecord] | NativeBatch) -> tuple[int, int]:
     """The earliest and the latest span end of a batch (0, 0 when it has none)."""
+    if isinstance(spans, NativeBatch):
+        return spans.first_end, spans.last_end
     ends = [s.end_ns for s in spans if isinstance(s.end_ns, int)]
     return (min(ends), max(ends)) if ends else (0, 0)
 
@@ -259,15 +279,15 @@ def replay_files(
 
     done = 0
 
-    def batches(path: Path) -> Iterator[list[SpanRecord]]:
+    def batches(path: Path) -> Iterator[list[SpanRecord] | NativeBatch]:
         nonlocal done
-        for _source, spans in iter_batches([path], on_decode_error):
+        for _source, spans in iter_batches([path], on_decode_error, engine.span_path):
             yield spans
         done += path.stat().st_size
 
     def first_batch(path: Path) -> tuple[int, int] | None:
         # errors are reported when the file is read for real (None: read it eagerly)
-        read = iter_batches([path], lambda _e: None)
+        read = iter_batches([path], lambda _e: None, engine.span_path)
         try:
             for _source, spans in read:
                 return _span_ends(spans)

@@ -24,9 +24,11 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, Protocol
+from typing import IO, Any, Literal, Protocol
 
+from streams import native_spec
 from streams.errors import DecodeError
+from streams.native_spec import NativeBatch
 from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
 from streams.spans import SpanRecord
 
@@ -281,9 +283,13 @@ def iter_payloads(paths: Iterable[str | Path]) -> Iterator[Payload]:
 
 
 def iter_batches(
-    paths: Iterable[str | Path], on_error: Callable[[DecodeError], None]
-) -> Generator[tuple[str, list[SpanRecord]], None, None]:
-    """(source, spans) for every export message under `paths`.
+    paths: Iterable[str | Path],
+    on_error: Callable[[DecodeError], None],
+    span_path: Any = None,
+) -> Generator[tuple[str, list[SpanRecord] | NativeBatch], None, None]:
+    """(source, spans) for every export message under `paths`; with a native `span_path`
+    (streams/native_spec.py) a protobuf message it can take is its NativeBatch instead,
+    never decoded into Python objects.
 
     Problems are reported through `on_error` and reading goes on: an undecodable message
     is skipped; a file whose framing or compression is broken is abandoned at that point
@@ -303,6 +309,11 @@ def iter_batches(
                 except DecodeError as e:
                     on_error(e)
                     break
+                if span_path is not None and payload.encoding == OTLP_PROTO:
+                    batch = native_spec.normalize(span_path, payload.data)
+                    if batch is not None:
+                        yield payload.source, batch
+                        continue
                 try:
                     spans = decode_record(payload.data, payload.encoding, payload.source)
                 except DecodeError as e:

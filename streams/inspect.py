@@ -156,6 +156,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     for file in expand_paths(args.paths, report):
         for _source, spans in iter_batches([file], report):
+            assert isinstance(spans, list)  # no native span path: decoded spans
             inspection.add(spans)
     if args.json:
         inspection.write_json(sys.stdout)

@@ -44,7 +44,20 @@ impl Sha256 {
         }
     }
 
+    #[inline]
     fn block(h: &mut [u32; 8], b: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("sha") && std::is_x86_feature_detected!("sse4.1") {
+                // SAFETY: the CPU has the SHA extensions (checked just above)
+                unsafe { shani::block(h, b) };
+                return;
+            }
+        }
+        Self::block_soft(h, b);
+    }
+
+    fn block_soft(h: &mut [u32; 8], b: &[u8]) {
         let mut w = [0u32; 64];
         for i in 0..16 {
             w[i] = u32::from_be_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
@@ -117,6 +130,70 @@ impl Sha256 {
             out[4 * i..4 * i + 4].copy_from_slice(&x.to_be_bytes());
         }
         out
+    }
+}
+
+/// SHA-256 rounds with the x86 SHA extensions (Intel's SHA-NI flow, as in the `sha2` crate).
+#[cfg(target_arch = "x86_64")]
+mod shani {
+    use super::K;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn rounds4(abef: &mut __m128i, cdgh: &mut __m128i, w: __m128i, i: usize) {
+        let k = _mm_loadu_si128(K.as_ptr().add(4 * i) as *const __m128i);
+        let t1 = _mm_add_epi32(w, k);
+        *cdgh = _mm_sha256rnds2_epu32(*cdgh, *abef, t1);
+        let t2 = _mm_shuffle_epi32(t1, 0x0E);
+        *abef = _mm_sha256rnds2_epu32(*abef, *cdgh, t2);
+    }
+
+    #[inline(always)]
+    unsafe fn schedule(v0: __m128i, v1: __m128i, v2: __m128i, v3: __m128i) -> __m128i {
+        let t1 = _mm_sha256msg1_epu32(v0, v1);
+        let t2 = _mm_alignr_epi8(v3, v2, 4);
+        let t3 = _mm_add_epi32(t1, t2);
+        _mm_sha256msg2_epu32(t3, v3)
+    }
+
+    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
+    pub unsafe fn block(state: &mut [u32; 8], b: &[u8]) {
+        let mask = _mm_set_epi64x(
+            0x0C0D_0E0F_0809_0A0Bu64 as i64,
+            0x0405_0607_0001_0203u64 as i64,
+        );
+        let sp = state.as_ptr() as *const __m128i;
+        let dcba = _mm_loadu_si128(sp);
+        let efgh = _mm_loadu_si128(sp.add(1));
+        let cdab = _mm_shuffle_epi32(dcba, 0xB1);
+        let efgh = _mm_shuffle_epi32(efgh, 0x1B);
+        let mut abef = _mm_alignr_epi8(cdab, efgh, 8);
+        let mut cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+        let (abef_save, cdgh_save) = (abef, cdgh);
+        let dp = b.as_ptr() as *const __m128i;
+        let mut w = [
+            _mm_shuffle_epi8(_mm_loadu_si128(dp), mask),
+            _mm_shuffle_epi8(_mm_loadu_si128(dp.add(1)), mask),
+            _mm_shuffle_epi8(_mm_loadu_si128(dp.add(2)), mask),
+            _mm_shuffle_epi8(_mm_loadu_si128(dp.add(3)), mask),
+        ];
+        for (i, x) in w.iter().enumerate() {
+            rounds4(&mut abef, &mut cdgh, *x, i);
+        }
+        for i in 4..16 {
+            let next = schedule(w[i % 4], w[(i + 1) % 4], w[(i + 2) % 4], w[(i + 3) % 4]);
+            w[i % 4] = next;
+            rounds4(&mut abef, &mut cdgh, next, i);
+        }
+        abef = _mm_add_epi32(abef, abef_save);
+        cdgh = _mm_add_epi32(cdgh, cdgh_save);
+        let feba = _mm_shuffle_epi32(abef, 0x1B);
+        let dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+        let dcba = _mm_blend_epi16(feba, dchg, 0xF0);
+        let hgef = _mm_alignr_epi8(dchg, feba, 8);
+        let sp = state.as_mut_ptr() as *mut __m128i;
+        _mm_storeu_si128(sp, dcba);
+        _mm_storeu_si128(sp.add(1), hgef);
     }
 }
 

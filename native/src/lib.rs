@@ -11,6 +11,8 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
 mod digest;
 mod json;
+mod normalize;
+mod pyval;
 mod wire;
 
 /// A Rust integer as a Python int (the conversion cannot fail).
@@ -27,7 +29,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 2;
+const API: u32 = 3;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 
@@ -373,5 +375,6 @@ fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(json_enums, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_class::<digest::Digests>()?;
+    m.add_class::<normalize::SpanPath>()?;
     Ok(())
 }

@@ -14,9 +14,10 @@ import logging
 from typing import Any
 
 from detectors.model import Step
+from streams import native_spec
 from streams.errors import DecodeError
 from streams.normalize import Normalizer
-from streams.otlp import decode_record
+from streams.otlp import OTLP_PROTO, decode_record
 from streams.runloop import group_steps
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
@@ -50,6 +51,10 @@ class InputReader:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.counters = counters
+        # protobuf records: bytes to steps natively when the extension takes this policy
+        self.span_path = (
+            native_spec.build(normalizer.policy, normalizer.fp) if encoding == OTLP_PROTO else None
+        )
 
     async def decode(
         self, message: Any, sent: list[Sent]
@@ -57,17 +62,22 @@ class InputReader:
         """(steps by run, spans, invalid spans); None when it was dead-lettered (the dead
         letter is added to `sent`)."""
         source = f"{message.topic}/{message.partition}@{message.offset}"
-        try:
-            spans = decode_record(message.value, self.encoding, source)
-        except DecodeError as exc:
-            self.metrics.decode_error("decode_error")
-            sent.append(await self.dead_letters.send(message, "decode_error", str(exc)))
-            return None
-        by_run, invalid, _ = group_steps(self.normalizer, spans)
+        batch = native_spec.normalize(self.span_path, message.value)
+        if batch is not None:
+            by_run, invalid, n_spans = batch.by_run, batch.invalid, batch.spans
+        else:
+            try:
+                spans = decode_record(message.value, self.encoding, source)
+            except DecodeError as exc:
+                self.metrics.decode_error("decode_error")
+                sent.append(await self.dead_letters.send(message, "decode_error", str(exc)))
+                return None
+            by_run, invalid, _ = group_steps(self.normalizer, spans)
+            n_spans = len(spans)
         if invalid:
             self.metrics.decode_error("invalid_span")
             log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)
-        return by_run, len(spans), invalid
+        return by_run, n_spans, invalid
 
     def count(self, topic: str, n_spans: int) -> None:
         """One decoded input record (ingest, or keyed detect)."""

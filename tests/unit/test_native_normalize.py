@@ -1,0 +1,613 @@
+"""The native normalizer (loopwatch_native.SpanPath) against the Python reference.
+
+One behaviour, two implementations: for OTLP protobuf bytes, `SpanPath.normalize` must give
+what `group_steps(Normalizer(policy, fp), decode_proto_py(data))` gives: the same steps (every
+field, exact types, digests) grouped by run in the same order, the same invalid count and
+invalid spans, the same latest end; and None (the Python path takes the message) wherever
+the Python decoder raises. Inputs: every framework fixture and example under several
+policies, hypothesis-built requests over every profile's attribute keys and value shapes,
+policies with contracts and custom profiles, truncated and corrupted messages.
+
+Runs whenever the extension is built (CI: LOOPWATCH_REQUIRE_NATIVE=1 builds it and fails
+without it); skipped only on a fallback-only installation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from detectors.fingerprint import Fingerprinter
+from detectors.model import Step
+from detectors.policy import Policy, load_policy, policy_from_mapping
+from streams import native, native_spec
+from streams.errors import DecodeError
+from streams.files import iter_payloads
+from streams.normalize import Normalizer
+from streams.otlp import OTLP_PROTO
+from streams.otlp.proto import decode_proto_py
+from streams.otlp.transcode import json_to_proto_bytes
+from streams.runloop import group_steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+try:  # the extension itself: CI's fallback pass (LOOPWATCH_NATIVE=0) still compares them
+    import loopwatch_native as EXT
+except ImportError:  # pragma: no cover - the fallback-only installation
+    EXT = None
+
+pytestmark = pytest.mark.skipif(
+    EXT is None and os.environ.get("LOOPWATCH_REQUIRE_NATIVE") != "1",
+    reason="loopwatch_native is not built",
+)
+
+DIFF = settings(
+    max_examples=int(os.environ.get("LOOPWATCH_DIFF_EXAMPLES", "80")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+CUSTOM_POLICY = yaml.safe_load(
+    """
+run_key: conversation
+sequence_attributes: [agent.step.sequence, my.seq]
+task_types: {attribute: agent.task_type, support: {allowed_repeats: 3}}
+tools:
+  lookup_order:
+    identity: [order_id, include_items]
+    defaults: {include_items: false, nested: {a: [1, 2.5, null, "x"]}}
+    normalize: {order_id: [trim, lowercase], note: [collapse_whitespace]}
+    progress: {version_field: version}
+  get_export_status:
+    progress: {state_field: status, terminal_states: [complete, failed]}
+  search_cases:
+    progress: {cursor_arg: cursor, new_items_field: case_ids}
+  issue_refund:
+    side_effect: true
+    idempotency_key_arg: idempotency_key
+    business_identity: [order_id]
+  update_ticket:
+    side_effect: true
+    idempotency_key_arg: idempotency_key
+  transfer_to_billing: {identity: []}
+transient_message_patterns:
+  "(?i)flaky backend": "flaky"
+  "(?i)\\\\b418\\\\b": "teapot"
+termination:
+  exception_types: {BudgetExceeded: turn_limit}
+  message_patterns: {"(?i)gave up after \\\\d+": turn_limit}
+  finish_reasons: {halted: deadline}
+profiles:
+  acme:
+    when: {scope_prefix: [acme.], has_attribute: [acme.kind]}
+    extends: generic
+    kinds:
+      - {kind: tool, id: acme_tool, match: {all: [{attribute: {acme.kind: [tool, TOOL]}}, {not: {root: true}}]}}
+      - {kind: handoff, match: {any: [{name: [acme.delegate]}, {tool_name_prefix: [delegate_]}]}}
+      - {kind: plan, match: {has: [plan_steps]}}
+      - {kind: llm, match: {name_suffix: [.llm], name_prefix: [acme.]}}
+    fields:
+      tool_name: [acme.tool, {name_after: "acme.call "}, {tool_name_after: x_}]
+      arguments:
+        - acme.args
+        - {event: acme.input, attribute: payload}
+        - {attribute: acme.wrapped, path: [request, "0", args]}
+      result: [acme.result, {attribute: acme.out, plain: true, when: {root: false}}]
+      handoff_to: [{argument: target}, {name_after: "acme.delegate "}]
+      agent_name: [acme.agent, {attribute: acme.meta, path: [agent]}]
+      error_type: [acme.error, {attribute: acme.result, path: [error, type]}]
+    termination:
+      exception_types: {AcmeStop: cancelled}
+      message_patterns: {"(?i)acme stop": cancelled}
+      finish_reasons: {acme_done: final_answer}
+"""
+)
+
+
+def policies() -> dict[str, Policy]:
+    return {
+        "default": Policy(),
+        "examples": load_policy(ROOT / "examples" / "loopwatch.yaml"),
+        "custom": policy_from_mapping(CUSTOM_POLICY, "custom.yaml"),
+    }
+
+
+POLICIES = policies()
+KEYS = (b"test-key", None)
+
+
+def span_path(policy: Policy, key: bytes | None) -> Any:
+    assert EXT is not None and EXT.API == native.API, "loopwatch_native missing or stale"
+    return EXT.SpanPath(native_spec.spec(policy), Step, key)
+
+
+PATHS = {(name, key): span_path(p, key) for name, p in POLICIES.items() for key in KEYS}
+
+
+def canon(x: Any) -> Any:
+    """A value with its exact type (True != 1, 1 != 1.0, floats by their bits)."""
+    if isinstance(x, float):
+        return ("float", struct.pack("<d", x).hex())
+    if isinstance(x, list | tuple):
+        return (type(x).__name__, [canon(v) for v in x])
+    return (type(x).__name__, x)
+
+
+def python_result(policy: Policy, key: bytes | None, data: bytes) -> Any:
+    try:
+        spans = decode_proto_py(data)
+    except DecodeError:
+        return None
+    invalid: list[tuple[str, str, str]] = []
+    by_run, n_invalid, max_end = group_steps(
+        Normalizer(policy, Fingerprinter(key)),
+        spans,
+        lambda span, exc: invalid.append((span.span_id, span.trace_id, type(exc).__name__)),
+    )
+    ends = [s.end_ns for s in spans]
+    return (
+        [(run, [canon(s.to_list()) for s in steps]) for run, steps in by_run.items()],
+        n_invalid,
+        max_end,
+        len(spans),
+        invalid,
+        min(ends, default=0),
+        max(ends, default=0),
+    )
+
+
+def native_result(name: str, key: bytes | None, data: bytes) -> Any:
+    got = PATHS[(name, key)].normalize(data)
+    if got is None:
+        return None
+    by_run, *rest = got
+    for steps in by_run.values():
+        assert all(type(s) is Step for s in steps)
+    return ([(run, [canon(s.to_list()) for s in steps]) for run, steps in by_run.items()], *rest)
+
+
+def check(data: bytes, *, must_be_native: bool) -> None:
+    for name, policy in POLICIES.items():
+        for key in KEYS:
+            want = python_result(policy, key, data)
+            got = native_result(name, key, data)
+            if want is None:
+                assert got is None, "the Python decoder rejects this message"
+                continue
+            if got is None:
+                assert not must_be_native, f"{name}: batch fell back to Python"
+                continue
+            assert [tuple(x) if isinstance(x, list) else x for x in got] == [
+                tuple(x) if isinstance(x, list) else x for x in want
+            ], name
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def fixture_messages() -> list[tuple[str, bytes]]:
+    out = []
+    files = sorted(
+        [*(ROOT / "tests" / "fixtures" / "frameworks").glob("*.pb")]
+        + [*(ROOT / "tests" / "fixtures" / "frameworks").glob("*.jsonl")]
+        + [*(ROOT / "examples").glob("*.pb")]
+        + [*(ROOT / "examples").glob("*.jsonl")]
+    )
+    for f in files:
+        for p in iter_payloads([f]):
+            data = p.data if p.encoding == OTLP_PROTO else json_to_proto_bytes(p.data)
+            out.append((p.source, data))
+    return out
+
+
+FIXTURES = fixture_messages()
+
+
+def test_fixtures_are_covered() -> None:
+    assert len(FIXTURES) > 50
+    assert any("frameworks" in s for s, _ in FIXTURES) and any("examples" in s for s, _ in FIXTURES)
+
+
+@pytest.mark.parametrize("source,data", FIXTURES, ids=[s for s, _ in FIXTURES])
+def test_fixture_steps_are_identical(source: str, data: bytes) -> None:
+    check(data, must_be_native=True)
+
+
+def test_fixture_truncations_and_flips() -> None:
+    for _, data in FIXTURES[::10]:
+        for cut in range(0, len(data), max(1, len(data) // 10)):
+            check(data[:cut], must_be_native=False)
+        for pos in range(0, len(data), max(1, len(data) // 10)):
+            flipped = bytearray(data)
+            flipped[pos] ^= 0x5A
+            check(bytes(flipped), must_be_native=False)
+
+
+# --------------------------------------------------------------------------- generated spans
+
+
+def _all_keys() -> list[str]:
+    keys: set[str] = set()
+    for policy in POLICIES.values():
+        for p in policy.profiles:
+            for ks in p.keys.values():
+                keys.update(ks)
+            for sources in p.derived.values():
+                keys.update(s.attribute for s in sources if s.attribute)
+        keys.update(policy.sequence_attributes)
+    keys.update(
+        [
+            "acme.kind",
+            "agent.task_type",
+            "traceloop.association.properties.langgraph_step",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments",
+            "llm.output_messages.0.message.tool_calls.1.tool_call.function.name",
+            "ai.operationId",
+        ]
+    )
+    return sorted(keys)
+
+
+ATTR_KEYS = _all_keys()
+WORDS = [
+    "execute_tool",
+    "chat",
+    "TOOL",
+    "LLM",
+    "AGENT",
+    "RETRIEVER",
+    "invoke_agent",
+    "handoff",
+    "plan",
+    "summarize",
+    "ai.toolCall",
+    "ai.generateText",
+    "ai.generateText.doGenerate",
+    "lookup_order",
+    "search_cases",
+    "issue_refund",
+    "update_ticket",
+    "get_export_status",
+    "transfer_to_billing",
+    "transfer_to_agent",
+    "handoff_to_agent",
+    "delegate_work_to_coworker",
+    "x_lookup_order",
+    "tool",
+    "stop",
+    "tool_calls",
+    "tool-calls",
+    "Stop",
+    "length",
+    "halted",
+    "acme_done",
+    "404",
+    "429",
+    "TimeoutError",
+    "openai.RateLimitError",
+    "a sentence with spaces",
+    " padded ",
+    "ÄÖÜ ünïcode ß",
+    "İstanbul ΣΑΣ",
+    "k\u212a",
+    "",
+    "complete",
+    "failed",
+    "billing",
+    "A12",
+]
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
+    st.sampled_from(WORDS),
+    st.text(max_size=8),
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "order_id",
+                    "include_items",
+                    "cursor",
+                    "idempotency_key",
+                    "note",
+                    "status",
+                    "version",
+                    "case_ids",
+                    "ok",
+                    "code",
+                    "error_code",
+                    "error",
+                    "type",
+                    "data",
+                    "content",
+                    "tool_call_id",
+                    "lc",
+                    "id",
+                    "kwargs",
+                    "inputs",
+                    "input_str",
+                    "tags",
+                    "args",
+                    "output",
+                    "raw_output",
+                    "tool_name",
+                    "raw_input",
+                    "parts",
+                    "name",
+                    "arguments",
+                    "tool",
+                    "messages",
+                    "agent_name",
+                    "target",
+                    "to_agent",
+                    "coworker",
+                    "prompt_version",
+                    "agent",
+                    "request",
+                    "langgraph_step",
+                    "next",
+                    "function",
+                    "toolName",
+                    "input",
+                ]
+            )
+            | st.text(max_size=4),
+            inner,
+            max_size=5,
+        ),
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def json_text(draw: st.DrawFn) -> str:
+    value = draw(JSON_VALUES)
+    text = json.dumps(value, ensure_ascii=draw(st.booleans()))
+    return draw(
+        st.sampled_from(
+            [text, " " + text + "\n", text[:-1] or "x", text + "x", "[1, NaN]", "-Infinity"]
+        )
+    )
+
+
+def any_value(draw: st.DrawFn, depth: int = 0) -> AnyValue:
+    kind = draw(
+        st.sampled_from(
+            ["word", "json", "int", "float", "bool", "bytes", "text"] * 3 + ["array", "kvlist"]
+        )
+    )
+    if kind == "word":
+        return AnyValue(string_value=draw(st.sampled_from(WORDS)))
+    if kind == "json":
+        return AnyValue(string_value=draw(json_text()))
+    if kind == "text":
+        return AnyValue(string_value=draw(st.text(max_size=12)))
+    if kind == "int":
+        return AnyValue(int_value=draw(st.integers(-(2**63), 2**63 - 1) | st.integers(-3, 30)))
+    if kind == "float":
+        return AnyValue(
+            double_value=draw(st.floats(width=64) | st.sampled_from([1.0, 2.5, 1e16, 1e-5]))
+        )
+    if kind == "bool":
+        return AnyValue(bool_value=draw(st.booleans()))
+    if kind == "bytes":
+        return AnyValue(bytes_value=draw(st.binary(max_size=8) | st.just(b'{"a": 1}')))
+    if depth >= 2:
+        return AnyValue(string_value="deep")
+    v = AnyValue()
+    if kind == "array":
+        v.array_value.SetInParent()
+        for _ in range(draw(st.integers(0, 3))):
+            v.array_value.values.append(any_value(draw, depth + 1))
+    else:
+        v.kvlist_value.SetInParent()
+        for _ in range(draw(st.integers(0, 3))):
+            v.kvlist_value.values.append(
+                KeyValue(
+                    key=draw(st.sampled_from(["a", "b", "order_id"])),
+                    value=any_value(draw, depth + 1),
+                )
+            )
+    return v
+
+
+def attrs(draw: st.DrawFn, n: int) -> list[KeyValue]:
+    return [
+        KeyValue(key=draw(st.sampled_from(ATTR_KEYS) | st.text(max_size=4)), value=any_value(draw))
+        for _ in range(draw(st.integers(0, n)))
+    ]
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    req = ExportTraceServiceRequest()
+    traces = [bytes([i + 1]) * 16 for i in range(draw(st.integers(1, 3)))]
+    for _ in range(draw(st.integers(1, 2))):
+        rs = ResourceSpans()
+        rs.resource.attributes.extend(attrs(draw, 4))
+        for _ in range(draw(st.integers(1, 2))):
+            ss = ScopeSpans()
+            ss.scope.name = draw(
+                st.sampled_from(
+                    [
+                        "",
+                        "gen_ai",
+                        "ai",
+                        "pydantic-ai",
+                        "gcp.vertex.agent",
+                        "strands.telemetry.tracer",
+                        "openinference.instrumentation.llama_index",
+                        "openinference.instrumentation.crewai.x",
+                        "acme.sdk",
+                    ]
+                )
+            )
+            for _ in range(draw(st.integers(0, 6))):
+                sp = Span(
+                    trace_id=draw(st.sampled_from(traces)),
+                    span_id=draw(st.integers(1, 2**64 - 1)).to_bytes(8, "big"),
+                    name=draw(
+                        st.sampled_from(
+                            [
+                                "execute_tool lookup_order",
+                                "execute_tool transfer_to_billing",
+                                "handoff to billing",
+                                "search.tool",
+                                "chat gpt",
+                                "Summarize history",
+                                "acme.call x_search_cases",
+                                "acme.delegate triage",
+                                "acme.think.llm",
+                                "agent run",
+                                "ÄGENT compact",
+                            ]
+                        )
+                        | st.text(max_size=10)
+                    ),
+                    start_time_unix_nano=draw(st.integers(0, 2**63)),
+                    end_time_unix_nano=draw(
+                        st.sampled_from([1_790_000_000_000_000_000, 2**64 - 1, 0])
+                        | st.integers(0, 2**64 - 1)
+                    ),
+                )
+                if draw(st.booleans()):
+                    sp.parent_span_id = draw(st.sampled_from([b"\x00" * 8, b"\x01" * 8]))
+                sp.attributes.extend(attrs(draw, 8))
+                for _ in range(draw(st.integers(0, 2))):
+                    ev = sp.events.add()
+                    ev.name = draw(
+                        st.sampled_from(
+                            [
+                                "exception",
+                                "loop_guard",
+                                "gen_ai.choice",
+                                "gen_ai.tool.message",
+                                "acme.input",
+                            ]
+                        )
+                    )
+                    ev.time_unix_nano = draw(st.integers(0, 2**64 - 1))
+                    ev.attributes.extend(
+                        KeyValue(key=k, value=any_value(draw))
+                        for k in draw(
+                            st.lists(
+                                st.sampled_from(
+                                    [
+                                        "exception.type",
+                                        "exception.message",
+                                        "message",
+                                        "finish_reason",
+                                        "content",
+                                        "payload",
+                                    ]
+                                ),
+                                max_size=3,
+                            )
+                        )
+                    )
+                code = draw(st.sampled_from([0, 1, 2, 2]))
+                if code:
+                    sp.status.CopyFrom(
+                        Status(
+                            code=code,
+                            message=draw(
+                                st.sampled_from(
+                                    [
+                                        "",
+                                        "Max turns exceeded",
+                                        "HTTP 503 Service Unavailable",
+                                        "request timed out",
+                                        "flaky backend",
+                                        "gave up after 3",
+                                        "not_found here",
+                                        "Ünïcode 429",
+                                        "acme stop",
+                                    ]
+                                )
+                            ),
+                        )
+                    )
+                ss.spans.append(sp)
+            rs.scope_spans.append(ss)
+        req.resource_spans.append(rs)
+    return req.SerializeToString()
+
+
+@DIFF
+@given(requests())
+def test_generated_requests_are_identical(data: bytes) -> None:
+    check(data, must_be_native=False)
+
+
+@DIFF
+@given(st.binary(max_size=200))
+def test_random_bytes(data: bytes) -> None:
+    check(data, must_be_native=False)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(requests(), min_size=20, max_size=20))
+def test_generated_requests_mostly_stay_native(batch: list[bytes]) -> None:
+    """The fallback must stay the exception, or the differential test above compares
+    Python with itself."""
+    decodable = [d for d in batch if decode_ok(d)]
+    native_count = sum(PATHS[("custom", b"test-key")].normalize(d) is not None for d in decodable)
+    assert not decodable or native_count / len(decodable) > 0.5
+
+
+def decode_ok(data: bytes) -> bool:
+    try:
+        decode_proto_py(data)
+    except DecodeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+def test_unsupported_policy_falls_back_with_one_warning(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(native, "EXT", EXT)
+    policy = policy_from_mapping({"tools": {"search": {"normalize": {"q": ["sort"]}}}})
+    assert native_spec.build(policy, Fingerprinter(b"k"), sys.stderr) is None
+    assert "'sort' is not native" in capsys.readouterr().err
+    dated = yaml.safe_load("tools: {t: {defaults: {since: 2024-01-01}}}")
+    assert native_spec.build(policy_from_mapping(dated), Fingerprinter(None), sys.stderr) is None
+    assert "date" in capsys.readouterr().err
+
+
+def test_supported_policies_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "EXT", EXT)
+    for policy in POLICIES.values():
+        assert native_spec.build(policy, Fingerprinter(b"k")) is not None
+
+
+def test_a_stale_step_layout_is_refused() -> None:
+    assert EXT is not None
+    spec = json.loads(native_spec.spec(Policy()))
+    spec["step_fields"] = spec["step_fields"][:-1]
+    with pytest.raises(ValueError, match="Step fields"):
+        EXT.SpanPath(json.dumps(spec), Step, None)
