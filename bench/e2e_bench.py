@@ -308,15 +308,16 @@ def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str,
 _MEMORY_CHUNK = 10_000
 
 
-def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
+def memory(runs_checkpoints: tuple[int, ...], **env: str) -> dict[str, Any]:
     """Worker RSS after N tiny finished runs (root + one tool span each) passed through.
 
     Runs arrive in chunks of 10k, a chunk produced once the one before the previous is
     processed (a steady stream at the worker's capacity, not one burst whose output backlog
     would be measured instead); RSS is read after the outputs are flushed (5 s settle)."""
     out: dict[str, float] = {}
+    store: dict[str, dict[str, float]] = {}  # rocksdb memory by holder (MiB), per checkpoint
     with tempfile.TemporaryDirectory() as tmp:
-        worker = _worker(Path(tmp), LOOPWATCH_FINISHED_TTL_SECONDS="60")
+        worker = _worker(Path(tmp), LOOPWATCH_FINISHED_TTL_SECONDS="60", **env)
         worker.workdir.mkdir(parents=True, exist_ok=True)
         try:
             worker.start()
@@ -332,9 +333,11 @@ def memory(runs_checkpoints: tuple[int, ...]) -> dict[str, Any]:
                 _wait_health(worker, "runs_finished", target, 1800)
                 time.sleep(5)
                 out[str(target)] = round(_rss_mib(worker.proc.pid), 1) if worker.proc else 0.0
+                held = worker.api("/healthz")[1].get("store_memory_bytes") or {}
+                store[str(target)] = {k: round(v / 2**20, 1) for k, v in held.items()}
         finally:
             worker.cleanup()
-    return {"rss_mib_after_runs": out}
+    return {"rss_mib_after_runs": out, "store_memory_mib": store, "env": env}
 
 
 _RUNS_PER_RECORD = 200

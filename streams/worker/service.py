@@ -98,6 +98,7 @@ class Worker:
         self.keyed = s.input_keyed_by_run
         self.started = time.time()
         self.ready = False
+        self.store_memory: Callable[[], dict[str, int]] = dict  # rocksdb: set by the service
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.driver = RunDriver(
             policy,
@@ -314,8 +315,33 @@ class Worker:
             ),
             "app_id": s.app_id,
             "span_path": native.ACTIVE,
+            "store_memory_bytes": self.store_memory(),
             "uptime_seconds": round(time.time() - self.started, 1),
         }
+
+
+# rocksdb's memory by what holds it (summed over every open table partition): the memtables
+# and block caches are bounded by LOOPWATCH_ROCKSDB_*; the table readers (SST index and
+# filter blocks) grow with the data on disk.
+_ROCKSDB_MEMORY = {
+    "memtables": "rocksdb.cur-size-all-mem-tables",
+    "block_cache": "rocksdb.block-cache-usage",
+    "table_readers": "rocksdb.estimate-table-readers-mem",
+}
+
+
+def rocksdb_memory(tables: Iterable[Any]) -> dict[str, int]:
+    """/healthz `store_memory_bytes`: empty for the in-memory store."""
+    out: dict[str, int] = {}
+    for table in tables:
+        for db in list(getattr(table.data, "_dbs", {}).values()):
+            for name, prop in _ROCKSDB_MEMORY.items():
+                try:
+                    value = db.property_int_value(prop)
+                except Exception:  # a closed or foreign db: not worth a failed health answer
+                    continue
+                out[name] = out.get(name, 0) + int(value or 0)
+    return out
 
 
 @contextlib.contextmanager
@@ -421,6 +447,7 @@ class LoopwatchService:
         # windowed counters: json keys ((label key, (start, end))) and int values
         loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
         run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
+        self.all_tables = (self.runs, self.finished, loop_counts_raw, run_counts_raw)
         tables = Tables(
             self.runs, self.finished, windowed(loop_counts_raw), windowed(run_counts_raw), _in_event
         )
@@ -436,6 +463,8 @@ class LoopwatchService:
             stopping=lambda: bool(app.should_stop),
             assigned=self.assigned_partitions,
         )
+
+        worker.store_memory = lambda: rocksdb_memory(self.all_tables)
 
         async def on_recover() -> None:
             worker.recovered(self.assigned_partitions())
