@@ -37,6 +37,7 @@ from detectors.policy import Policy
 from streams import native
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import Normalizer
+from streams.worker import recovery_fix
 from streams.worker.broker import BROKER_PROBE_SECONDS, BrokerLink, MetadataProbe
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
@@ -362,6 +363,9 @@ class LoopwatchService:
         )
 
         self.settings = s = settings
+        # faust clears the stream queues after its end-of-recovery seek: records fetched
+        # during the seek were lost (the restart stall, issue 16)
+        recovery_fix.install()
         s.data_path.mkdir(parents=True, exist_ok=True)
         self.app: Any = cast(Any, faust.App)(
             s.app_id,

@@ -11,9 +11,14 @@
 * **SIGTERM during an outage** (`test_sigterm_during_outage`): exits within
   ``LOOPWATCH_STOP_TIMEOUT_SECONDS`` (10 here, 30 by default) plus the process's own exit;
   after a restart with the broker back, the outputs equal the replay's.
-* **data dir deleted, then damaged, between runs**: not here. That scenario stalls an
-  input partition after a restart about 1 run in 3 (also seen on plain restarts before
-  this work); it is tests/integration/repro_restart_stall.py, run by hand until fixed.
+* **data dir deleted, then damaged, between runs** (`test_state_dir_deleted_or_damaged`):
+  rocksdb tables, the corpus in three parts; the second and third wait in the input topic
+  (a backlog) while the worker is stopped, its data dir deleted, then every table
+  partition's CURRENT file overwritten. The tables are rebuilt from the changelogs, the
+  outputs equal the replay's and every input record is committed. The restarts run with
+  the ``seek_race`` failpoint (tests/integration/failpoints/): without the fix of
+  streams/worker/recovery_fix.py the records fetched during faust's end-of-recovery seek
+  are cleared from the stream queue, never processed, and their partition stalls.
 * **data dir unwritable** (`test_state_dir_unwritable`): at start (a file where the dir
   should be): one line, exit 2; while running (the dir made read-only, or as root a full
   tmpfs): /healthz not ready with the reason, and back once fixed.
@@ -22,6 +27,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -31,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from bench.kafka import create_topics, require_broker
-from bench.worker_proc import WorkerProc
+from bench.worker_proc import REPO, WorkerProc, reader
 from tests.integration.test_chaos import (
     PacedProducer,
     chaos_policy,
@@ -51,6 +58,7 @@ OUTAGE = 30.0
 MAX_OUTAGE_LINES = 20  # whole worker log, outage start to broker back (30 s)
 STOP_TIMEOUT = 10.0
 RESULT_TIMEOUT = 120.0
+FAILPOINTS = Path(__file__).resolve().parent / "failpoints"
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +226,65 @@ def test_sigterm_during_outage(expected: Oracle, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- lost state
+
+
+def damage(data_dir: Path) -> int:
+    n = 0
+    for current in data_dir.glob("*/v*/tables/*.db/CURRENT"):
+        current.write_bytes(b"garbage, not a manifest name\n")
+        n += 1
+    return n
+
+
+def committed_and_end(worker: WorkerProc) -> tuple[dict[int, int], dict[int, int]]:
+    """The worker group's committed offsets and the end offsets of the input topic."""
+    consumer = reader(worker.app_id)
+    try:
+        parts = [TopicPartition(worker.topics["input"], p) for p in range(PARTITIONS)]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+    finally:
+        consumer.close()
+    return committed, ends
+
+
+def test_state_dir_deleted_or_damaged(expected: Oracle, tmp_path: Path) -> None:
+    worker = fault_worker(
+        tmp_path / "state",
+        LOOPWATCH_STORE="rocksdb://",
+        LOOPWATCH_FAILPOINT_SEEK_RACE="1",
+        PYTHONPATH=f"{FAILPOINTS}{os.pathsep}{REPO}",
+    )
+    data_dir = Path(worker.env["LOOPWATCH_DATA_DIR"])
+    parts = split(expected.messages, 3)
+    try:
+        create_topics([worker.topics["input"]], PARTITIONS)
+        for i, part in enumerate(parts):
+            if i == 1:
+                shutil.rmtree(data_dir)
+            elif i == 2:
+                assert damage(data_dir) > 0, f"no table state under {data_dir}"
+            if i > 0:
+                worker.produce((None, m) for m in part)  # a backlog waits at the restart
+            worker.start()
+            worker.wait_ready(120)
+            if i == 0:
+                worker.produce((None, m) for m in part)
+            worker.wait_taken(len(part), 60)
+            time.sleep(3.0)  # detect's batch and the commits
+            if i < len(parts) - 1:
+                assert worker.stop(signal.SIGTERM) == 0, worker.log_tail()
+        got = collect(worker, expected, RESULT_TIMEOUT)
+        check_against_replay(got, expected, "state-dir", worker)
+        committed, ends = committed_and_end(worker)
+        assert committed == ends, f"committed {committed}, end offsets {ends}"
+        text = worker.log_path.read_text(errors="replace")
+        assert "is damaged" in text and "moved aside" in text, worker.log_tail()
+        # the failpoint ran at both restarts (each rebuilt its tables)
+        assert text.count("failpoint seek_race:") >= 2, worker.log_tail()
+        assert worker.stop(signal.SIGTERM) == 0, worker.log_tail()
+    finally:
+        worker.cleanup()
 
 
 def test_state_dir_unwritable(tmp_path: Path) -> None:
