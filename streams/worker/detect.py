@@ -12,6 +12,7 @@ judged by the clock it was sent with. With keyed input detect reads the input to
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -41,6 +42,11 @@ log = logging.getLogger("loopwatch.worker")
 Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
 
 
+class StateWriteError(Exception):
+    """A table write failed (a full disk, an I/O error): the batch's state is not (all)
+    written, so the batch must not be acknowledged."""
+
+
 class Detect:
     def __init__(
         self,
@@ -58,6 +64,7 @@ class Detect:
         *,
         keyed_input_topic: str | None,
         on_tick: Callable[[int], None],
+        on_state_error: Callable[[str], None] = lambda error: None,
     ) -> None:
         self.driver = driver
         self.tables = tables
@@ -72,6 +79,7 @@ class Detect:
         self.counters = counters
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
+        self.on_state_error = on_state_error  # the worker stops (exit status 3)
 
     async def run(self, stream: Any, batch_max: int, within_seconds: float) -> None:
         """The agent. take_events acks the batch in a `finally`, also when the batch is
@@ -86,6 +94,11 @@ class Detect:
             except Abandoned:
                 log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
                 continue  # unacked: processed again from the committed offsets
+            except StateWriteError as exc:
+                # Unacked, and nothing after it: a later batch's acks would let faust
+                # commit past this one on the partitions they share. The worker stops.
+                self.on_state_error(str(exc))
+                await asyncio.get_running_loop().create_future()  # until the stop cancels it
             for event in events:
                 await stream.ack(event)
             self.counters["detect_batches"] += 1
@@ -130,12 +143,15 @@ class Detect:
         await self.publisher.deliver("detect", dead)
         tables = self.tables
         by_name = {"runs": tables.runs, "finished": tables.finished}
-        for table, partition, key, value in self.driver.take_writes():
-            with tables.in_event(partition_event[partition]):
-                if value is None:
-                    by_name[table].pop(key, None)
-                else:
-                    by_name[table][key] = value
+        try:
+            for table, partition, key, value in self.driver.take_writes():
+                with tables.in_event(partition_event[partition]):
+                    if value is None:
+                        by_name[table].pop(key, None)
+                    else:
+                        by_name[table][key] = value
+        except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
+            raise StateWriteError(f"{type(exc).__name__}: {exc}"[:300]) from exc
         self.skips.ack_refetched(refetched)
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
@@ -281,9 +297,12 @@ class Detect:
                 m.run_evicted("capacity")
         # windowed counters: one write per label group and partition, not per event / run
         tables = self.tables
-        for (partition, label_key), n in loops.items():
-            with tables.in_event(events_of[partition]):
-                tables.loop_counts[label_key] += n
-        for (partition, label_key), n in runs.items():
-            with tables.in_event(events_of[partition]):
-                tables.run_counts[label_key] += n
+        try:
+            for (partition, label_key), n in loops.items():
+                with tables.in_event(events_of[partition]):
+                    tables.loop_counts[label_key] += n
+            for (partition, label_key), n in runs.items():
+                with tables.in_event(events_of[partition]):
+                    tables.run_counts[label_key] += n
+        except Exception as exc:
+            raise StateWriteError(f"{type(exc).__name__}: {exc}"[:300]) from exc

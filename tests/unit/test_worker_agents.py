@@ -758,3 +758,64 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
     assert loop_events(**labels, prompt_version="unknown", tool_version="3") is None
     (key,) = [k for k, n in service.tables.loop_counts.items() if n]
     assert json.loads(key)[:3] == ["identical_repetition", "support-v77", "3"]
+
+
+class TakeEventsStream:
+    """The detect agent's stream: `take_events` yields the given batches; acks recorded."""
+
+    def __init__(self, batches: list[list[Any]]) -> None:
+        self.batches = batches
+        self.acked: list[int] = []
+
+    async def take_events(self, n: int, within: float) -> Any:
+        for batch in self.batches:
+            yield batch
+
+    async def ack(self, event: Any) -> bool:
+        self.acked.append(event.message.offset)
+        return True
+
+
+class RefcountMsg(Msg):
+    def incref(self) -> None:
+        pass
+
+
+async def test_a_failed_state_write_stops_the_worker_unacked(
+    make: Any, fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (rocksdb: "IO error: No space left on device") under a table write: the
+    batch is not acknowledged, no later batch is processed (its acks would let faust commit
+    past it), the worker asks to stop once and is not ready, with the reason."""
+    stops: list[int] = []
+    service = make()
+    service.request_stop = lambda: stops.append(1)
+    runs = [looping_run(t) for t in (1, 2)]
+    await service.ingest.record(
+        Ev(Msg("otlp_spans", 0, 7, None, encode_request([s for r in runs for s in r.spans]), 123.0))
+    )
+    sent = service.topics["steps"].sent
+
+    def full(key: Any, value: Any) -> None:
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    monkeypatch.setattr(FakeTable, "__setitem__", lambda self, k, v: full(k, v))
+    batch = [
+        Ev(RefcountMsg("loopwatch-steps", m["partition"], i, None, m["value"], 123.0))
+        for i, m in enumerate(sent)
+    ]
+    later = [Ev(RefcountMsg("loopwatch-steps", 0, 99, None, sent[0]["value"], 124.0))]
+    stream = TakeEventsStream([batch, later])
+    agent = asyncio.ensure_future(service.detect.run(stream, 100, 0.1))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    assert not agent.done()  # held until the stop cancels it
+    agent.cancel()
+    assert stream.acked == []
+    assert stops == [1]
+    assert service.counters["detect_batches"] == 0
+    status, reasons = service.readiness()
+    assert status == "not_ready"
+    assert any(
+        r.startswith("table state write failed (Exception: IO error: No space") for r in reasons
+    )
