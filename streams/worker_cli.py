@@ -115,7 +115,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker_state = service.worker
     # the library loggers' connection errors: counted into the broker summary lines
     FoldRepeats(worker_state.broker).install()
-    stop = BoundedStop(settings.stop_timeout_seconds, lambda: abandoned(service))
+    stop = BoundedStop(
+        settings.stop_timeout_seconds, lambda: abandoned(service), lambda: exit_status(service)
+    )
     worker = bounded_worker(faust.Worker, stop)(
         service.app,
         loglevel=settings.log_level,
@@ -123,19 +125,38 @@ def cmd_worker(args: argparse.Namespace) -> int:
         override_logging=False,
     )
     tune_gc()
-    worker.execute_from_commandline()  # raises SystemExit when stopped
+    try:
+        worker.execute_from_commandline()  # raises SystemExit when stopped
+    except SystemExit as exc:
+        if exc.code in (0, None) and exit_status(service):
+            raise SystemExit(exit_status(service)) from None
+        raise
     return 0  # pragma: no cover
+
+
+def exit_status(service: Any) -> int:
+    """0 for a stop that was asked for; FATAL_EXIT_STATUS (3) after a failed table write."""
+    from streams.worker.service import FATAL_EXIT_STATUS
+
+    return FATAL_EXIT_STATUS if service.worker.fatal is not None else 0
 
 
 class BoundedStop:
     """Arms, at the first SIGTERM/SIGINT, a timer that ends the process after `seconds`
     if faust's graceful stop has not (a producer flush or an offset commit waits for an
     unreachable broker for as long as it takes). `abandoned()`: what is left, for the log
-    line. The exit status is 0: a stop that was asked for."""
+    line. The exit status is 0 for a stop that was asked for (`status`: 3 when the worker
+    stops itself after a failed table write)."""
 
-    def __init__(self, seconds: float, abandoned: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        abandoned: Callable[[], str],
+        status: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.seconds = seconds
         self.abandoned = abandoned
+        self.status = status  # the exit status: 0, or 3 after a failed table write
         self.signalled_at: float | None = None
         self._timer: threading.Timer | None = None
 
@@ -167,7 +188,7 @@ class BoundedStop:
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(self.status())
 
 
 def bounded_worker(base: Any, stop: BoundedStop) -> Any:

@@ -54,6 +54,11 @@ log = logging.getLogger("loopwatch.worker")
 Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
 
 
+class StateWriteError(Exception):
+    """A table write failed (a full disk, an I/O error): the batch's state is not (all)
+    written, so the batch must not be acknowledged."""
+
+
 class Detect:
     def __init__(
         self,
@@ -71,6 +76,7 @@ class Detect:
         *,
         keyed_input_topic: str | None,
         on_tick: Callable[[int], None],
+        on_state_error: Callable[[str], None] = lambda error: None,
         flush_seconds: float = 0.0,
         flush_max_runs: int = 10_000,
     ) -> None:
@@ -87,6 +93,8 @@ class Detect:
         self.counters = counters
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
+        self.on_state_error = on_state_error  # the worker stops (exit status 3)
+        self.failed: str | None = None  # a table write failed: nothing more is done
         self.flush_seconds = flush_seconds  # 0: every batch
         self.flush_max_runs = flush_max_runs  # ... or when this many runs have staged writes
         # staged: written and acknowledged by the next flush
@@ -109,21 +117,42 @@ class Detect:
                 for event in events:
                     event.message.incref()
                 async with self.lock:
+                    if self.failed is not None:
+                        await self.halt()
                     try:
                         await self.batch(events)
+                        self.counters["detect_batches"] += 1
+                        if self.flush_due():
+                            await self.ack(self.flush())
                     except Abandoned:
                         log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
                         continue  # unacked: processed again from the committed offsets
-                    self.counters["detect_batches"] += 1
-                    if self.flush_due():
-                        await self.ack(self.flush())
+                    except StateWriteError as exc:
+                        self.state_write_failed(exc)
+                        await self.halt()
         finally:
             # a stop: write what is staged unless a rebalance dropped it (never raises)
-            if self.staged and self.staged_generation == self.publisher.generation:
+            if (
+                self.staged
+                and self.failed is None
+                and self.staged_generation == self.publisher.generation
+            ):
                 try:
                     await self.ack(self.flush())
+                except StateWriteError as exc:
+                    self.state_write_failed(exc)
                 except Exception:
                     log.exception("detect: state staged at stop not written")
+
+    def state_write_failed(self, exc: StateWriteError) -> None:
+        """Nothing staged is acknowledged, and no later batch is processed: its acks would
+        let faust commit past the failed one on the partitions they share."""
+        self.failed = str(exc)
+        self.on_state_error(self.failed)
+
+    async def halt(self) -> None:
+        """After a failed table write: hold the agent (and its lock) until the stop."""
+        await asyncio.get_running_loop().create_future()
 
     def flush_due(self) -> bool:
         if not self.staged:
@@ -138,7 +167,10 @@ class Detect:
         acknowledged within about one flush interval."""
         if self.stream is not None and not self.lock.locked() and self.flush_due():
             async with self.lock:
-                await self.ack(self.flush())
+                try:
+                    await self.ack(self.flush())
+                except StateWriteError as exc:
+                    self.state_write_failed(exc)  # the agent halts at its next batch
 
     async def ack(self, events: list[Any]) -> None:
         for event in events:
@@ -153,14 +185,20 @@ class Detect:
         if self.staged_generation != self.publisher.generation:
             self.driver.discard_writes()
             return []
+        if self.failed is not None:
+            return []
         tables = self.tables
         by_name = {"runs": tables.runs, "finished": tables.finished}
-        for table, partition, key, value in self.driver.take_writes():
-            with tables.in_event(routing[partition]):
-                if value is None:
-                    by_name[table].pop(key, None)
-                else:
-                    by_name[table][key] = value
+        try:
+            for table, partition, key, value in self.driver.take_writes():
+                with tables.in_event(routing[partition]):
+                    if value is None:
+                        by_name[table].pop(key, None)
+                    else:
+                        by_name[table][key] = value
+        except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
+            self.driver.discard_writes()
+            raise StateWriteError(f"{type(exc).__name__}: {exc}"[:300]) from exc
         self.skips.ack_refetched(refetched)
         return events
 
@@ -358,9 +396,12 @@ class Detect:
                 m.run_evicted("capacity")
         # windowed counters: one write per label group and partition, not per event / run
         tables = self.tables
-        for (partition, label_key), n in loops.items():
-            with tables.in_event(events_of[partition]):
-                tables.loop_counts[label_key] += n
-        for (partition, label_key), n in runs.items():
-            with tables.in_event(events_of[partition]):
-                tables.run_counts[label_key] += n
+        try:
+            for (partition, label_key), n in loops.items():
+                with tables.in_event(events_of[partition]):
+                    tables.loop_counts[label_key] += n
+            for (partition, label_key), n in runs.items():
+                with tables.in_event(events_of[partition]):
+                    tables.run_counts[label_key] += n
+        except Exception as exc:
+            raise StateWriteError(f"{type(exc).__name__}: {exc}"[:300]) from exc

@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +39,7 @@ from detectors.policy import Policy
 from streams import native
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import Normalizer
+from streams.worker import recovery_fix
 from streams.worker.broker import BROKER_PROBE_SECONDS, BrokerLink, MetadataProbe
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
@@ -54,6 +57,8 @@ log = logging.getLogger("loopwatch.worker")
 
 # /healthz is not ready when nothing was processed for this long while records wait
 STALLED_SECONDS = 60.0
+# the exit status after a failed table write (a full disk): a restart recovers
+FATAL_EXIT_STATUS = 3
 
 COUNTERS = (
     "records",
@@ -87,6 +92,7 @@ class Worker:
         stopping: Callable[[], bool],
         assigned: Callable[[], set[int]],
         refetcher: Callable[[str], Any] | None = None,
+        request_stop: Callable[[], None] = lambda: None,
     ) -> None:
         s = self.settings = settings
         self.policy = policy
@@ -118,6 +124,8 @@ class Worker:
         self.broker_probe: Any = None  # MetadataProbe, made by the first probe
         self.state_dir_error: str | None = None
         self.crashed: dict[str, str] = {}  # agent -> the error that ended it
+        self.fatal: str | None = None  # a table write failed: the worker is stopping
+        self.request_stop = request_stop  # SIGTERM to itself: the bounded stop
         self._progress = (-1, time.monotonic())  # (records + detect batches, when it changed)
         self.publisher = Publisher(
             metrics,
@@ -171,6 +179,7 @@ class Worker:
             keyed_input_topic=s.input_topic if self.keyed else None,
             on_tick=self.timers.tick_handled,
             flush_seconds=s.state_flush_ms / 1000,
+            on_state_error=self.state_write_failed,
         )
 
     def recovered(self, partitions: set[int]) -> None:
@@ -198,6 +207,21 @@ class Worker:
         self.skips.forget()
         for tp in revoked:
             self.metrics.forget_consumer_lag(tp.topic, tp.partition)
+
+    def state_write_failed(self, error: str) -> None:
+        """A table write failed (a full disk): stop, exit status 3. The batch is not
+        acknowledged, so its records are processed again after the restart; with the disk
+        still full the restart is one line and exit status 2 (statedir.prepare)."""
+        if self.fatal is not None:
+            return
+        self.fatal = error
+        log.error(
+            "table state write failed (%s): the batch is not acknowledged and is processed "
+            "again after a restart; stopping with exit status %d",
+            error,
+            FATAL_EXIT_STATUS,
+        )
+        self.request_stop()
 
     @contextlib.contextmanager
     def agent_running(self, name: str) -> Iterator[None]:
@@ -283,6 +307,8 @@ class Worker:
             )
         if self.state_dir_error is not None:
             not_ready.append(f"data dir not writable: {self.state_dir_error}")
+        if self.fatal is not None:
+            not_ready.append(f"table state write failed ({self.fatal}): stopping")
         for name, error in sorted(self.crashed.items()):
             not_ready.append(f"agent {name} stopped ({error}): restart the worker")
         if not_ready:
@@ -390,6 +416,9 @@ class LoopwatchService:
         )
 
         self.settings = s = settings
+        # faust clears the stream queues after its end-of-recovery seek: records fetched
+        # during the seek were lost (the restart stall, issue 16)
+        recovery_fix.install()
         s.data_path.mkdir(parents=True, exist_ok=True)
         self.app: Any = cast(Any, faust.App)(
             s.app_id,
@@ -462,6 +491,7 @@ class LoopwatchService:
             consumer=lambda: app.consumer,
             stopping=lambda: bool(app.should_stop),
             assigned=self.assigned_partitions,
+            request_stop=lambda: os.kill(os.getpid(), signal.SIGTERM),
         )
 
         worker.store_memory = lambda: rocksdb_memory(self.all_tables)

@@ -11,17 +11,27 @@
 * **SIGTERM during an outage** (`test_sigterm_during_outage`): exits within
   ``LOOPWATCH_STOP_TIMEOUT_SECONDS`` (10 here, 30 by default) plus the process's own exit;
   after a restart with the broker back, the outputs equal the replay's.
-* **data dir deleted, then damaged, between runs**: not here. That scenario stalls an
-  input partition after a restart about 1 run in 3 (also seen on plain restarts before
-  this work); it is tests/integration/repro_restart_stall.py, run by hand until fixed.
+* **data dir deleted, then damaged, between runs** (`test_state_dir_deleted_or_damaged`):
+  rocksdb tables, the corpus in three parts; the second and third wait in the input topic
+  (a backlog) while the worker is stopped, its data dir deleted, then every table
+  partition's CURRENT file overwritten. The tables are rebuilt from the changelogs, the
+  outputs equal the replay's and every input record is committed. The restarts run with
+  the ``seek_race`` failpoint (tests/integration/failpoints/): without the fix of
+  streams/worker/recovery_fix.py the records fetched during faust's end-of-recovery seek
+  are cleared from the stream queue, never processed, and their partition stalls.
 * **data dir unwritable** (`test_state_dir_unwritable`): at start (a file where the dir
   should be): one line, exit 2; while running (the dir made read-only, or as root a full
   tmpfs): /healthz not ready with the reason, and back once fixed.
+* **disk full while processing** (`test_disk_full_while_processing`, root: a 64 MiB
+  tmpfs): a table write fails, one error line, /readyz 503 with the reason, exit status
+  3 with the failed batch uncommitted; a restart on the full disk exits 2; with space
+  back the outputs equal the replay's.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -31,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from bench.kafka import create_topics, require_broker
-from bench.worker_proc import WorkerProc
+from bench.worker_proc import REPO, WorkerProc, reader
 from tests.integration.test_chaos import (
     PacedProducer,
     chaos_policy,
@@ -51,6 +62,7 @@ OUTAGE = 30.0
 MAX_OUTAGE_LINES = 20  # whole worker log, outage start to broker back (30 s)
 STOP_TIMEOUT = 10.0
 RESULT_TIMEOUT = 120.0
+FAILPOINTS = Path(__file__).resolve().parent / "failpoints"
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +232,67 @@ def test_sigterm_during_outage(expected: Oracle, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- lost state
 
 
+def damage(data_dir: Path) -> int:
+    n = 0
+    for current in data_dir.glob("*/v*/tables/*.db/CURRENT"):
+        current.write_bytes(b"garbage, not a manifest name\n")
+        n += 1
+    return n
+
+
+def committed_and_end(
+    worker: WorkerProc, topic: str = "input"
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The worker group's committed offsets and the end offsets of one of its topics."""
+    consumer = reader(worker.app_id)
+    try:
+        parts = [TopicPartition(worker.topics[topic], p) for p in range(PARTITIONS)]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+    finally:
+        consumer.close()
+    return committed, ends
+
+
+def test_state_dir_deleted_or_damaged(expected: Oracle, tmp_path: Path) -> None:
+    worker = fault_worker(
+        tmp_path / "state",
+        LOOPWATCH_STORE="rocksdb://",
+        LOOPWATCH_FAILPOINT_SEEK_RACE="1",
+        PYTHONPATH=f"{FAILPOINTS}{os.pathsep}{REPO}",
+    )
+    data_dir = Path(worker.env["LOOPWATCH_DATA_DIR"])
+    parts = split(expected.messages, 3)
+    try:
+        create_topics([worker.topics["input"]], PARTITIONS)
+        for i, part in enumerate(parts):
+            if i == 1:
+                shutil.rmtree(data_dir)
+            elif i == 2:
+                assert damage(data_dir) > 0, f"no table state under {data_dir}"
+            if i > 0:
+                worker.produce((None, m) for m in part)  # a backlog waits at the restart
+            worker.start()
+            worker.wait_ready(120)
+            if i == 0:
+                worker.produce((None, m) for m in part)
+            worker.wait_taken(len(part), 60)
+            time.sleep(3.0)  # detect's batch and the commits
+            if i < len(parts) - 1:
+                assert worker.stop(signal.SIGTERM) == 0, worker.log_tail()
+        got = collect(worker, expected, RESULT_TIMEOUT)
+        check_against_replay(got, expected, "state-dir", worker)
+        committed, ends = committed_and_end(worker)
+        assert committed == ends, f"committed {committed}, end offsets {ends}"
+        text = worker.log_path.read_text(errors="replace")
+        assert "is damaged" in text and "moved aside" in text, worker.log_tail()
+        # the failpoint ran at both restarts (each rebuilt its tables)
+        assert text.count("failpoint seek_race:") >= 2, worker.log_tail()
+        assert worker.stop(signal.SIGTERM) == 0, worker.log_tail()
+    finally:
+        worker.cleanup()
+
+
 def test_state_dir_unwritable(tmp_path: Path) -> None:
     require_broker()
     # at start: a file where the data dir should be
@@ -298,3 +371,67 @@ def _fill(path: Path) -> Any:
                 f.flush()
         except OSError:
             pass
+
+
+def test_disk_full_while_processing(expected: Oracle, tmp_path: Path) -> None:
+    """The disk fills while the worker writes table state (rocksdb: "IO error: No space
+    left on device"): one clear line, /readyz 503 with the reason, exit status 3, nothing
+    committed past the batch whose state was not written; a restart with the disk still
+    full is one line and exit 2; with space back, a restart loses nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs: root only")
+    worker = fault_worker(tmp_path / "full", LOOPWATCH_STORE="rocksdb://")
+    data_dir = Path(worker.env["LOOPWATCH_DATA_DIR"])
+    data_dir.mkdir(parents=True)
+    if not _mount_tmpfs(data_dir):
+        worker.cleanup()
+        pytest.skip("mount failed: cannot make a small file system for the data dir")
+    ballast = data_dir / "ballast"
+    first, rest = split(expected.messages, 2)
+    try:
+        create_topics([worker.topics["input"]], PARTITIONS)
+        worker.start()
+        worker.wait_ready(120)
+        worker.produce((None, m) for m in first)
+        worker.wait_taken(len(first), 60)
+        time.sleep(3.0)  # detect's batch and the commits
+        _fill(ballast)
+        worker.produce((None, m) for m in rest)
+        assert worker.proc is not None
+        reasons: list[str] = []
+        deadline = time.monotonic() + STOP_TIMEOUT + 60
+        while worker.proc.poll() is None:
+            assert time.monotonic() < deadline, f"still running:\n{worker.log_tail()}"
+            try:
+                code, doc = worker.api("/readyz", timeout=2)
+                if code == 503:
+                    reasons += doc.get("reasons", [])
+            except OSError:
+                pass
+            time.sleep(0.1)
+        text = worker.log_path.read_text(errors="replace")
+        assert worker.proc.returncode == 3, worker.log_tail()
+        assert text.count("table state write failed") == 1, worker.log_tail()
+        assert "No space left on device" in text
+        assert any(r.startswith("table state write failed") for r in reasons), reasons
+        steps_committed, steps_end = committed_and_end(worker, "steps")
+        assert steps_committed != steps_end, "the batch whose state failed was committed"
+
+        # the disk still full: one line, exit 2
+        worker.start()
+        assert worker.proc.wait(60) == 2, worker.log_tail()
+        assert "not writable" in worker.log_tail(3), worker.log_tail()
+
+        ballast.unlink()
+        worker.start()
+        worker.wait_ready(120)
+        got = collect(worker, expected, RESULT_TIMEOUT)
+        check_against_replay(got, expected, "disk-full", worker)
+        deadline = time.monotonic() + 30
+        while committed_and_end(worker, "steps")[0] != committed_and_end(worker, "steps")[1]:
+            assert time.monotonic() < deadline, committed_and_end(worker, "steps")
+            time.sleep(1.0)
+        assert worker.stop(signal.SIGTERM) == 0, worker.log_tail()
+    finally:
+        worker.cleanup()
+        subprocess.run(["umount", "-l", str(data_dir)], check=False)

@@ -891,3 +891,70 @@ async def test_a_quiet_stream_is_flushed_by_the_timer(make: Any) -> None:
     await asyncio.sleep(0.03)
     await service.detect.flush_if_due()
     assert stream.acked == [0] and len(service.tables.runs) == 1
+
+
+async def test_a_failed_state_write_stops_the_worker_unacked(
+    make: Any, fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (rocksdb: "IO error: No space left on device") under a table write: the
+    batch is not acknowledged, no later batch is processed (its acks would let faust commit
+    past it), the worker asks to stop once and is not ready, with the reason."""
+    stops: list[int] = []
+    service = make(LOOPWATCH_STATE_FLUSH_MS="0")  # each batch written at once
+    service.request_stop = lambda: stops.append(1)
+    runs = [looping_run(t) for t in (1, 2)]
+    await service.ingest.record(
+        Ev(Msg("otlp_spans", 0, 7, None, encode_request([s for r in runs for s in r.spans]), 123.0))
+    )
+    sent = service.topics["steps"].sent
+
+    def full(key: Any, value: Any) -> None:
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    monkeypatch.setattr(FakeTable, "__setitem__", lambda self, k, v: full(k, v))
+    batch = [
+        Ev(RefMsg("loopwatch-steps", m["partition"], i, None, m["value"], 123.0))
+        for i, m in enumerate(sent)
+    ]
+    later = [Ev(RefMsg("loopwatch-steps", 0, 99, None, sent[0]["value"], 124.0))]
+    stream = BatchStream([batch, later])
+    agent = asyncio.ensure_future(service.detect.run(stream, 100, 0.1))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    assert not agent.done()  # held until the stop cancels it
+    agent.cancel()
+    assert stream.acked == []
+    assert stops == [1]
+    assert service.counters["detect_batches"] == 1  # the first; the later one never
+    assert len(service.topics["events"].sent) == 2  # (its loops only: none of `later`'s)
+    status, reasons = service.readiness()
+    assert status == "not_ready"
+    assert any(
+        r.startswith("table state write failed (Exception: IO error: No space") for r in reasons
+    )
+
+
+async def test_a_failed_flush_of_staged_state_stops_the_worker_unacked(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same when the failing write is a flush of several batches' staged state (the
+    timer's, for a quiet stream): none of the batches is acknowledged, the next one halts."""
+    stops: list[int] = []
+    service = make(LOOPWATCH_STATE_FLUSH_MS="60000")
+    service.request_stop = lambda: stops.append(1)
+    first, second = await two_parts_of_one_run(service, 46)
+    service.detect.stream = stream = FakeStream()
+    await service.detect.batch([first])
+    await service.detect.batch([second])
+    monkeypatch.setattr(FakeTable, "__setitem__", lambda self, k, v: 1 / 0)
+    service.detect.last_flush = 0.0  # due
+    await service.detect.flush_if_due()
+    assert stops == [1] and stream.acked == [] and service.detect.failed
+    sent = len(service.topics["events"].sent)
+    agent = asyncio.ensure_future(service.detect.run(BatchStream([[first]]), 10, 0.01))
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert not agent.done() and service.counters["detect_batches"] == 0  # held, not run
+    assert len(service.topics["events"].sent) == sent
+    agent.cancel()
+    assert stream.acked == [] and service.readiness()[0] == "not_ready"

@@ -130,6 +130,7 @@ def test_readiness_reasons() -> None:
     worker.timers = type("T", (), {"max_lag": 0})()
     worker.state_dir_error = None
     worker.crashed = {}
+    worker.fatal = None
     worker.counters = {"records": 0, "detect_batches": 0}
     worker._progress = (-1, 0.0)
     assert worker.readiness() == ("ok", [])
@@ -165,6 +166,7 @@ def test_readiness_sees_a_stalled_consumer(monkeypatch: pytest.MonkeyPatch) -> N
     worker.timers = type("T", (), {"max_lag": 7})()
     worker.state_dir_error = None
     worker.crashed = {}
+    worker.fatal = None
     worker.counters = {"records": 8, "detect_batches": 3}
     worker._progress = (-1, 0.0)
     assert worker.readiness()[0] == "ok"
