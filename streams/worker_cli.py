@@ -82,7 +82,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from alerts.metrics import Metrics
     from streams.engine import fingerprinter_from_env
     from streams.worker.broker import FoldRepeats
-    from streams.worker.service import build_app
+    from streams.worker.faust_app import build_app
     from streams.worker.statedir import prepare
 
     # a data dir that cannot be written: one line, exit 2; damaged table state: moved

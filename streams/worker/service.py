@@ -1,4 +1,5 @@
-"""The stream service: wires the worker's parts (`Worker`) to faust (`LoopwatchService`).
+"""The stream service: `Worker` wires the worker's parts together and answers for them
+(readiness, /healthz); streams/worker/faust_app.py connects it to faust.
 
 Topology (contracts.md §1, §6; architecture.md "The flow")::
 
@@ -12,7 +13,9 @@ The parts, one concern each (streams/worker/): formats.py (internal topic messag
 store.py + codec.py + packing.py (table values), driver.py (`RunDriver`: the run loop of
 streams/runloop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
 skips.py (records the stream skipped), clock.py (the deadline / input clock), ingest.py,
-detect.py, timers.py (one per agent), api.py + views.py (the on-call API).
+detect.py, timers.py (one per agent), api.py + views.py (the on-call API), broker.py (the
+broker's state), statedir.py (the data directory), recovery_fix.py (a faust race), and
+faust_app.py (the app, topics, tables, agents and timers).
 
 Time: a run's clock is its event time (``max_end_ns`` of its spans) advanced by the
 wall-clock time since its last span arrived; deadlines live in an in-memory index rebuilt
@@ -27,20 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 from detectors.policy import Policy
 from streams import native
 from streams.input_clock import InputClock, KafkaInputProbe
 from streams.normalize import Normalizer
-from streams.worker import recovery_fix
-from streams.worker.broker import BROKER_PROBE_SECONDS, BrokerLink, MetadataProbe
+from streams.worker.broker import BrokerLink, MetadataProbe
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.delivery import Publisher
@@ -50,8 +48,7 @@ from streams.worker.ingest import Ingest, InputReader
 from streams.worker.skips import SkipGuard
 from streams.worker.statedir import writable
 from streams.worker.store import Tables
-from streams.worker.timers import Timers, release_free_memory
-from streams.worker.views import Views
+from streams.worker.timers import Timers
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -344,235 +341,3 @@ class Worker:
             "store_memory_bytes": self.store_memory(),
             "uptime_seconds": round(time.time() - self.started, 1),
         }
-
-
-# rocksdb's memory by what holds it (summed over every open table partition): the memtables
-# and block caches are bounded by LOOPWATCH_ROCKSDB_*; the table readers (SST index and
-# filter blocks) grow with the data on disk.
-_ROCKSDB_MEMORY = {
-    "memtables": "rocksdb.cur-size-all-mem-tables",
-    "block_cache": "rocksdb.block-cache-usage",
-    "table_readers": "rocksdb.estimate-table-readers-mem",
-}
-
-
-def rocksdb_memory(tables: Iterable[Any]) -> dict[str, int]:
-    """/healthz `store_memory_bytes`: empty for the in-memory store."""
-    out: dict[str, int] = {}
-    for table in tables:
-        for db in list(getattr(table.data, "_dbs", {}).values()):
-            for name, prop in _ROCKSDB_MEMORY.items():
-                try:
-                    value = db.property_int_value(prop)
-                except Exception:  # a closed or foreign db: not worth a failed health answer
-                    continue
-                out[name] = out.get(name, 0) + int(value or 0)
-    return out
-
-
-@contextlib.contextmanager
-def _in_event(event: Any) -> Iterator[None]:
-    """Make `event` faust's current event: table writes go to its partition.
-
-    Batched processing (take_events) handles several partitions per batch; faust's table and
-    rocksdb store pick the partition from the current event, so each run's writes happen
-    with an event of that run's partition set.
-    """
-    from faust.streams import _current_event
-
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
-
-
-def _wall_clock(event: Any = None) -> float:
-    """Window timestamps are processing time. (faust's relative_to_now() uses, inside a
-    stream, the latest window end seen on the partition, which starts at 0.)"""
-    return time.time()
-
-
-class LoopwatchService:
-    """The faust app, its topics and tables, and a `Worker` wired to them."""
-
-    def __init__(
-        self,
-        settings: Any,
-        policy: Policy,
-        normalizer: Normalizer,
-        metrics: Any,
-        detect_partitions: int,
-    ) -> None:
-        import faust
-
-        from streams.topics import (
-            FINISHED_TABLE,
-            LOOP_COUNTS_TABLE,
-            RUN_COUNTS_TABLE,
-            RUNS_TABLE,
-            WINDOW_EXPIRES_SECONDS,
-            WINDOW_SECONDS,
-        )
-
-        self.settings = s = settings
-        # faust clears the stream queues after its end-of-recovery seek: records fetched
-        # during the seek were lost (the restart stall, issue 16)
-        recovery_fix.install()
-        s.data_path.mkdir(parents=True, exist_ok=True)
-        self.app: Any = cast(Any, faust.App)(
-            s.app_id,
-            broker=s.broker_url,
-            store=s.store,
-            datadir=str(s.data_path / "{conf.id}"),
-            processing_guarantee="at_least_once",
-            topic_partitions=detect_partitions,
-            topic_replication_factor=s.replication_factor,
-            consumer_auto_offset_reset="earliest",
-            web_enabled=True,
-            web_bind=s.web_host,
-            web_host=s.web_host,
-            web_port=s.web_port,
-            canonical_url=s.canonical_url,
-            web_router_enabled=False,
-            web_tables_enabled=False,
-            web_stats_enabled=False,
-            web_graph_enabled=False,
-            web_metrics_enabled=False,
-            broker_commit_interval=1.0,
-            broker_session_timeout=s.session_timeout_seconds,
-            broker_heartbeat_interval=min(3.0, s.session_timeout_seconds / 3),
-            producer_linger_ms=s.linger_ms,
-            stream_wait_empty=False,
-            table_standby_replicas=0,
-            logging_config=None,
-        )
-        app = self.app
-        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-        keyed = s.input_keyed_by_run
-        input_topic = app.topic(s.input_topic, **raw)
-        steps_topic = app.topic(s.steps_topic, partitions=detect_partitions, **raw)
-        topics = {
-            "steps": steps_topic,
-            "events": app.topic(s.events_topic, **raw),
-            "runs": app.topic(s.runs_topic, **raw),
-            "dead": app.topic(s.dead_letter_topic, **raw),
-        }
-        detect_source = app.topic(s.input_topic, s.steps_topic, **raw) if keyed else steps_topic
-        self.detect_topic_names = {s.input_topic, s.steps_topic} if keyed else {s.steps_topic}
-
-        # Each table's store gets its own dict: faust's rocksdb Store pops keys out of it.
-        def opts() -> dict[str, Any]:
-            return {"partitions": detect_partitions, "options": s.rocksdb_options()}
-
-        def windowed(table: Any) -> Any:
-            return table.tumbling(
-                WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS)
-            ).relative_to(_wall_clock)
-
-        as_bytes: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
-        self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
-        self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
-        # windowed counters: json keys ((label key, (start, end))) and int values
-        loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
-        run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
-        self.all_tables = (self.runs, self.finished, loop_counts_raw, run_counts_raw)
-        tables = Tables(
-            self.runs, self.finished, windowed(loop_counts_raw), windowed(run_counts_raw), _in_event
-        )
-        self.worker = worker = Worker(
-            s,
-            policy,
-            normalizer,
-            metrics,
-            detect_partitions,
-            tables=tables,
-            topics=topics,
-            consumer=lambda: app.consumer,
-            stopping=lambda: bool(app.should_stop),
-            assigned=self.assigned_partitions,
-            request_stop=lambda: os.kill(os.getpid(), signal.SIGTERM),
-        )
-
-        worker.store_memory = lambda: rocksdb_memory(self.all_tables)
-
-        async def on_recover() -> None:
-            worker.recovered(self.assigned_partitions())
-
-        async def on_revoked(app: Any, revoked: Any = None, **kwargs: Any) -> None:
-            worker.revoked(revoked or ())
-
-        self.runs.on_recover(on_recover)
-        app.on_partitions_revoked.connect(on_revoked)
-
-        async def ingest(stream: Any) -> None:
-            with worker.agent_running("ingest"):
-                await worker.ingest.run(stream)
-
-        async def detect(stream: Any) -> None:
-            with worker.agent_running("detect"):
-                await worker.detect.run(stream, s.batch_max, s.batch_within_ms / 1000)
-
-        if not keyed:
-            app.agent(input_topic, name="ingest")(ingest)
-        app.agent(detect_source, name="detect")(detect)
-
-        timers = worker.timers
-
-        async def ticks() -> None:
-            await timers.send_ticks()
-
-        async def lag() -> None:
-            timers.update_lag(getattr(app, "_consumer", None))
-
-        async def input_clock() -> None:
-            await timers.advance_input_clock()
-
-        async def trim() -> None:
-            release_free_memory()
-
-        async def state_flush() -> None:
-            await worker.detect.flush_if_due()
-
-        app.timer(interval=s.tick_seconds, name="loopwatch-ticks")(ticks)
-        app.timer(interval=5.0, name="loopwatch-lag")(lag)
-        if worker.clock.input is not None:
-            app.timer(interval=s.tick_seconds, name="loopwatch-input-clock")(input_clock)
-        app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
-        if s.state_flush_ms:
-            app.timer(interval=s.state_flush_ms / 1000, name="loopwatch-state-flush")(state_flush)
-
-        async def broker() -> None:
-            await worker.probe_broker()
-
-        async def state_dir() -> None:
-            await worker.check_state_dir()
-
-        app.timer(interval=BROKER_PROBE_SECONDS, name="loopwatch-broker")(broker)
-        app.timer(interval=10.0, name="loopwatch-state-dir")(state_dir)
-
-        Views(
-            app,
-            self.runs,
-            self.finished,
-            loop_counts_raw,
-            run_counts_raw,
-            s.api_token,
-            worker.health,
-        ).wire()
-
-    def assigned_partitions(self) -> set[int]:
-        actives = self.app.assignor.assigned_actives()
-        return {tp.partition for tp in actives if tp.topic in self.detect_topic_names}
-
-
-def build_app(
-    settings: Any,
-    policy: Policy,
-    fingerprinter: Any,
-    metrics: Any,
-    detect_partitions: int,
-) -> LoopwatchService:
-    """The faust service for `settings` (topics must exist: see streams.topics)."""
-    normalizer = Normalizer(policy, fingerprinter)
-    return LoopwatchService(settings, policy, normalizer, metrics, detect_partitions)

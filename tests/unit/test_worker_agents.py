@@ -699,7 +699,7 @@ async def test_a_missing_faust_internal_for_the_head_check_is_said_once(
 
 def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Path) -> None:
     """build_app (never started: no broker) hands faust's topics and tables to a Worker."""
-    from streams.worker.service import build_app
+    from streams.worker.faust_app import build_app
 
     def built(**env: str) -> Any:
         settings = WorkerSettings.from_env(

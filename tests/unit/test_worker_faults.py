@@ -227,7 +227,7 @@ def test_store_memory_is_read_from_every_open_rocksdb_partition(tmp_path: Path) 
 
     import rocksdict
 
-    from streams.worker.service import rocksdb_memory
+    from streams.worker.faust_app import rocksdb_memory
 
     dbs = {p: rocksdict.Rdict(str(tmp_path / f"t-{p}.db")) for p in (0, 1)}
     try:
