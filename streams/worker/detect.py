@@ -12,8 +12,8 @@ changelog. So: outputs, then state, then offsets; a crash between them redoes re
 outputs may already be out (at least once, as before), and the fired markers in a flushed
 state stop any re-emission after it.
 
-A rebalance (Publisher.generation) drops what is staged, unacknowledged: the records are
-processed again from their committed offsets by the partition's next owner, and an
+A rebalance (Publisher.generation) or a stop drops what is staged, unacknowledged: the
+records are processed again from their committed offsets by the partition's next owner, and an
 acknowledgement from before the rebalance never reaches faust (it would commit the new
 assignment past records whose state was dropped).
 
@@ -112,37 +112,26 @@ class Detect:
         committed with the outputs unsent. One more reference per message, released only
         by the flush that wrote the batch's state, keeps such a batch unacked."""
         self.stream = stream
-        try:
-            async for events in stream.take_events(batch_max, within=within_seconds):
-                for event in events:
-                    event.message.incref()
-                async with self.lock:
-                    if self.failed is not None:
-                        await self.halt()
-                    try:
-                        await self.batch(events)
-                        self.counters["detect_batches"] += 1
-                        if self.flush_due():
-                            await self.ack(self.flush())
-                    except Abandoned:
-                        log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
-                        continue  # unacked: processed again from the committed offsets
-                    except StateWriteError as exc:
-                        self.state_write_failed(exc)
-                        await self.halt()
-        finally:
-            # a stop: write what is staged unless a rebalance dropped it (never raises)
-            if (
-                self.staged
-                and self.failed is None
-                and self.staged_generation == self.publisher.generation
-            ):
+        # A stop drops what is staged, unacknowledged (processed again after the restart,
+        # at least once): written during faust's stop, the changelog sends could reach a
+        # producer already closed, and the stop then ended as a crash.
+        async for events in stream.take_events(batch_max, within=within_seconds):
+            for event in events:
+                event.message.incref()
+            async with self.lock:
+                if self.failed is not None:
+                    await self.halt()
                 try:
-                    await self.ack(self.flush())
+                    await self.batch(events)
+                    self.counters["detect_batches"] += 1
+                    if self.flush_due():
+                        await self.ack(self.flush())
+                except Abandoned:
+                    log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
+                    continue  # unacked: processed again from the committed offsets
                 except StateWriteError as exc:
                     self.state_write_failed(exc)
-                except Exception:
-                    log.exception("detect: state staged at stop not written")
+                    await self.halt()
 
     def state_write_failed(self, exc: StateWriteError) -> None:
         """Nothing staged is acknowledged, and no later batch is processed: its acks would
@@ -165,6 +154,8 @@ class Detect:
     async def flush_if_due(self) -> None:
         """From a timer: a quiet stream still gets its staged state written and its records
         acknowledged within about one flush interval."""
+        if self.publisher.stopping():
+            return  # (see `run`: a stop drops what is staged)
         if self.stream is not None and not self.lock.locked() and self.flush_due():
             async with self.lock:
                 try:
