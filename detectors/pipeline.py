@@ -32,8 +32,7 @@ from detectors.state import (
     DEDUP_CAP,
     UNRESOLVED_CAP,
     RunState,
-    bloom_add,
-    bloom_has,
+    bloom_mask,
 )
 
 DETECTORS: tuple[Detector, ...] = (
@@ -192,21 +191,22 @@ def _termination(state: RunState) -> tuple[str, str]:
 
 
 def _track_tree(state: RunState, step: Step) -> None:
-    state.seen_bloom = bloom_add(state.seen_bloom, step.span_id, BLOOM_BITS)
-    if step.span_id in state.unresolved:
-        state.unresolved.remove(step.span_id)
+    span_id = step.span_id
+    state.seen_bloom |= bloom_mask(span_id, BLOOM_BITS)
+    unresolved = state.unresolved
+    if span_id in unresolved:
+        unresolved.remove(span_id)
     parent = step.parent_span_id
-    if (
-        parent is not None
-        and parent not in state.dedup
-        and not bloom_has(state.seen_bloom, parent, BLOOM_BITS)
-    ):
-        if parent in state.unresolved:
-            return
-        if len(state.unresolved) < UNRESOLVED_CAP:
-            state.unresolved.append(parent)
-        else:
-            state.unresolved_overflow = True
+    # cheapest test first: most spans name the same parent (the root, which ends last)
+    if parent is None or parent in unresolved or parent in state.dedup:
+        return
+    mask = bloom_mask(parent, BLOOM_BITS)
+    if state.seen_bloom & mask == mask:
+        return
+    if len(unresolved) < UNRESOLVED_CAP:
+        unresolved.append(parent)
+    else:
+        state.unresolved_overflow = True
 
 
 def _note_labels(state: RunState, step: Step) -> None:
@@ -372,11 +372,11 @@ def _process(ctx: Context, step: Step) -> None:
     if step.kind == TOOL:
         state.tool_calls += 1
         state.action_steps += 1
-        if step.action_fp is not None and not bloom_has(
-            state.distinct_bloom, step.action_fp, BLOOM_BITS
-        ):
-            state.distinct_bloom = bloom_add(state.distinct_bloom, step.action_fp, BLOOM_BITS)
-            state.distinct_actions += 1
+        if step.action_fp is not None:
+            mask = bloom_mask(step.action_fp, BLOOM_BITS)
+            if state.distinct_bloom & mask != mask:
+                state.distinct_bloom |= mask
+                state.distinct_actions += 1
         if state.guard_ns is not None and step.start_ns > state.guard_ns:
             state.tool_after_guard = True
         outcome = step.result_fp if step.result_fp is not None else step.error_code
