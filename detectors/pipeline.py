@@ -16,6 +16,7 @@ was already released is counted as late and still fed, never dropped.
 
 from __future__ import annotations
 
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from detectors.base import Context, Detector
@@ -272,16 +273,21 @@ def _key(step: Step, seq: int | None) -> list[Any]:
     ]
 
 
+_BY_TIME = attrgetter("start_ns", "end_ns", "span_id")
+_BY_KEY = itemgetter(0)
+
+
 def _ordered(state: RunState) -> list[tuple[list[Any], Step]]:
-    steps = sorted(state.pending, key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    steps = sorted(state.pending, key=_BY_TIME)
     # An unsequenced step takes the sequence of the latest sequenced step before it in time.
     carried = state.released_seq or 0
     keyed = []
     for step in steps:
-        if step.sequence is not None:
-            carried = step.sequence
-        keyed.append((_key(step, carried), step))
-    keyed.sort(key=lambda pair: pair[0])
+        seq = step.sequence
+        if seq is not None:
+            carried = seq
+        keyed.append(([carried, step.start_ns, step.end_ns, step.span_id], step))
+    keyed.sort(key=_BY_KEY)
     return keyed
 
 
@@ -299,26 +305,30 @@ def _release(
     contiguous = _contiguous_upto(state, keyed) if policy.release_on_sequence else None
     ctx = Context(policy, state)
     released = 0
-    for index, (key, step) in enumerate(keyed):
+    for key, step in keyed:
+        end, seq = step.end_ns, step.sequence
         # A contiguous sequence releases at once, but never past what the event time
         # vouches for: with spans of a run on several input partitions (the worker's input
         # clock), a model span that ended before this step may still be on its way.
-        in_sequence = (
-            contiguous is not None
-            and step.end_ns <= event_time
-            and (key[0] < contiguous or (step.sequence is not None and step.sequence <= contiguous))
-        )
-        ready = force_all or (force_one and index == 0) or step.end_ns <= horizon or in_sequence
-        if not ready:
+        if not (
+            force_all
+            or (force_one and released == 0)
+            or end <= horizon
+            or (
+                contiguous is not None
+                and end <= event_time
+                and (key[0] < contiguous or (seq is not None and seq <= contiguous))
+            )
+        ):
             break
         state.last_key = key
-        if step.sequence is not None and (
-            state.released_seq is None or step.sequence > state.released_seq
-        ):
-            state.released_seq = step.sequence
+        if seq is not None and (state.released_seq is None or seq > state.released_seq):
+            state.released_seq = seq
         _process(ctx, step)
         released += 1
-    if released:
+    if released == len(keyed):
+        state.pending = []  # the common case: everything buffered was ready
+    elif released:
         done = {id(step) for _, step in keyed[:released]}
         state.pending = [step for step in state.pending if id(step) not in done]
     return ctx.findings
