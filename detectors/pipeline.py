@@ -77,32 +77,42 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
     state.spans += 1
     if not state.trace_id:
         state.trace_id = step.trace_id
+    span_id = step.span_id
     digest = step.content_digest[:8]
-    known = state.dedup.get(step.span_id)
+    dedup = state.dedup
+    known = dedup.get(span_id)
     if known is not None:
         if known == digest:
             state.duplicate_spans += 1
         else:
             state.conflicts += 1  # same id, different content: integrity error
         return []
-    if len(state.dedup) >= DEDUP_CAP:
-        del state.dedup[next(iter(state.dedup))]
-    state.dedup[step.span_id] = digest
+    if len(dedup) >= DEDUP_CAP:
+        del dedup[next(iter(dedup))]
+    dedup[span_id] = digest
     _track_tree(state, step)
-    if step.end_ns > state.max_end_ns:
-        state.max_end_ns = step.end_ns
-
-    _note_labels(state, step)
-    if step.kind == AGENT or step.is_root:
+    end = step.end_ns
+    if end > state.max_end_ns:
+        state.max_end_ns = end
+    # Run-level labels from any span of the run, whichever arrives first (instrumentations
+    # put them on the root or agent span, which ends last, or on every span).
+    if state.prompt_version is None:
+        state.prompt_version = step.prompt_version
+    kind = step.kind
+    if kind == AGENT or step.is_root:
         _note_container(state, step)
         return []
-    if step.kind == OTHER:
+    if kind == OTHER:
         return []
-    if state.last_key is not None and _key(step, state.released_seq) <= state.last_key:
-        state.late_spans += 1
-        ctx = Context(policy, state)
-        _process(ctx, step)
-        return ctx.findings
+    last_key = state.last_key
+    if last_key is not None:
+        seq = step.sequence
+        key = [seq if seq is not None else (state.released_seq or 0), step.start_ns, end, span_id]
+        if key <= last_key:
+            state.late_spans += 1
+            ctx = Context(policy, state)
+            _process(ctx, step)
+            return ctx.findings
     state.pending.append(step)
     if len(state.pending) > policy.max_pending_steps:
         state.forced_releases += 1
@@ -210,13 +220,6 @@ def _track_tree(state: RunState, step: Step) -> None:
         state.unresolved_overflow = True
 
 
-def _note_labels(state: RunState, step: Step) -> None:
-    """Run-level labels from any span of the run, whichever arrives first (instrumentations
-    put them on the root or agent span, which ends last, or on every span)."""
-    if state.prompt_version is None and step.prompt_version is not None:
-        state.prompt_version = step.prompt_version
-
-
 def _note_container(state: RunState, step: Step) -> None:
     if step.guard_ns is not None:
         state.guard_ns = (
@@ -262,15 +265,6 @@ def _note_container(state: RunState, step: Step) -> None:
 
 def _tool_started_after(state: RunState, when: int) -> bool:
     return any(entry[5] > when for entry in state.window)
-
-
-def _key(step: Step, seq: int | None) -> list[Any]:
-    return [
-        step.sequence if step.sequence is not None else (seq or 0),
-        step.start_ns,
-        step.end_ns,
-        step.span_id,
-    ]
 
 
 _BY_TIME = attrgetter("start_ns", "end_ns", "span_id")
@@ -360,13 +354,15 @@ def _contiguous_upto(state: RunState, keyed: list[tuple[list[Any], Step]]) -> in
 def _process(ctx: Context, step: Step) -> None:
     state = ctx.state
     state.position += 1
+    kind = step.kind
     if step.prompt_version is not None:
         state.prompt_version = step.prompt_version
-    if step.agent_name is not None and step.kind != HANDOFF:
-        state.agent_name = step.agent_name
+    agent = step.agent_name
+    if agent is not None and kind != HANDOFF:
+        state.agent_name = agent
         # the agent in control, in runtime order: the source of a handoff whose span
         # does not name one (its agent is an ancestor span's)
-        state.current_agent = step.agent_name
+        state.current_agent = agent
     if state.service_name is None:
         state.service_name = step.service_name
     if state.session_id is None:
@@ -374,42 +370,47 @@ def _process(ctx: Context, step: Step) -> None:
     if state.task_type is None and step.task_type is not None:
         state.task_type = step.task_type
         ctx.limits = ctx.policy.limits_for(step.task_type)
-    if state.start_ns is None or step.start_ns < state.start_ns:
-        state.start_ns = step.start_ns
-    if step.end_ns > state.last_end_ns:
-        state.last_end_ns = step.end_ns
+    start, end = step.start_ns, step.end_ns
+    if state.start_ns is None or start < state.start_ns:
+        state.start_ns = start
+    if end > state.last_end_ns:
+        state.last_end_ns = end
     state.tokens += step.input_tokens + step.output_tokens
-    if step.kind == TOOL:
+    if kind == TOOL:
         state.tool_calls += 1
         state.action_steps += 1
-        if step.action_fp is not None:
-            mask = bloom_mask(step.action_fp, BLOOM_BITS)
+        action = step.action_fp
+        if action is not None:
+            mask = bloom_mask(action, BLOOM_BITS)
             if state.distinct_bloom & mask != mask:
                 state.distinct_bloom |= mask
                 state.distinct_actions += 1
-        if state.guard_ns is not None and step.start_ns > state.guard_ns:
+        if state.guard_ns is not None and start > state.guard_ns:
             state.tool_after_guard = True
-        outcome = step.result_fp if step.result_fp is not None else step.error_code
-        state.window.append(
+        code = step.error_code
+        result = step.result_fp
+        window = state.window
+        window.append(
             [
                 step.name,
-                step.action_fp,
-                outcome,
-                step.error_code,
+                action,
+                result if result is not None else code,  # the outcome
+                code,
                 step.empty_result,
-                step.start_ns,
-                step.end_ns,
+                start,
+                end,
                 step.span_id,
                 step.call_id,
                 state.position,
                 state.tokens,
             ]
         )
-        if len(state.window) > ctx.limits.window:
-            del state.window[: len(state.window) - ctx.limits.window]
-    elif step.kind == HANDOFF:
+        keep = ctx.limits.window
+        if len(window) > keep:
+            del window[: len(window) - keep]
+    elif kind == HANDOFF:
         state.action_steps += 1
-    elif step.kind == LLM:
+    elif kind == LLM:
         state.last_turn_wants_tools = step.wants_tools
-    for detector in _BY_KIND.get(step.kind, DETECTORS):
+    for detector in _BY_KIND.get(kind, DETECTORS):
         detector(ctx, step)
