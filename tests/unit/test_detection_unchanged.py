@@ -32,8 +32,9 @@ from detectors.policy import Policy, load_policy
 from streams.engine import Engine
 from streams.files import iter_batches
 from streams.otlp import decode_proto
-from streams.spans import SpanRecord
+from streams.spans import STATUS_ERROR, STATUS_OK, SpanRecord
 from tests.otlp_build import encode_request
+from tests.spankit import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "detection_golden.json"
@@ -62,6 +63,83 @@ def _example_spans(seed: int) -> list[SpanRecord]:
         out.extend(run[:3])
         del run[:3]
         runs = [r for r in runs if r]
+    return out
+
+
+def _random_spans(seed: int) -> list[SpanRecord]:
+    """Runs of random steps over small value domains, so that every detector's paths are
+    taken: every contract of the example policy (progress rules, polling, pagination, side
+    effects with and without idempotency keys, reconciliation), transient, missing-data and
+    ambiguous errors, empty results, parallel calls, plans, summaries, token drops,
+    handoffs, other spans, sequenced and unsequenced runs, task types."""
+    rng = random.Random(seed)
+    codes = [None] * 8 + ["404", "429", "timeout", "503", "invalid_argument", "no_results"]
+
+    def pick(*values: Any) -> Any:
+        return rng.choice(values)
+
+    out: list[SpanRecord] = []
+    for trace in range(1, 121):
+        run = Run(trace, pick("v1", "v2"), pick(None, "support", "research"), rng.random() < 0.5)
+        if rng.random() < 0.3:
+            run.version_only_on_root()
+        tokens = 1_000
+        for _ in range(rng.randint(3, 45)):
+            roll = rng.random()
+            if roll < 0.55:
+                tool = pick(
+                    "lookup_order",
+                    "get_order",
+                    "get_export_status",
+                    "search_cases",
+                    "search_orders",
+                    "issue_refund",
+                    "get_refund_status",
+                    "update_ticket",
+                    "unknown_tool",
+                )
+                n = rng.randint(1, 3)
+                args = {
+                    "order_id": f"o{n}",
+                    "ticket_id": f"t{n}",
+                    "query": pick(" Shoes", "shoes", "hats"),
+                    "cursor": pick(None, "c1", "c2"),
+                }
+                if rng.random() < 0.5:
+                    args["idempotency_key"] = pick("k1", "k2")
+                result = pick(
+                    {"status": pick("pending", "complete", "failed"), "version": rng.randint(1, 3)},
+                    {"case_ids": [f"c{rng.randint(1, 6)}", f"c{rng.randint(1, 6)}"]},
+                    [],
+                    {},
+                    None,
+                    {"ok": True},
+                )
+                code = pick(*codes)
+                run.tool(
+                    tool,
+                    args,
+                    result if code is None else None,
+                    error=code,
+                    parallel=rng.random() < 0.1,
+                    gap_ms=pick(5, 20, 400, 3_000),
+                )
+            elif roll < 0.8:
+                tokens = tokens + 300 if rng.random() < 0.8 else tokens // 3
+                calls = [(pick("lookup_order", "search_cases"), {"order_id": "o1"})]
+                run.llm(
+                    tokens, rng.randint(10, 900), tool_calls=calls if rng.random() < 0.5 else None
+                )
+            elif roll < 0.85:
+                run.plan([{"tool": pick("a", "b")}, {"tool": "c"}])
+            elif roll < 0.88:
+                run.summary()
+            elif roll < 0.95:
+                run.handoff(pick("router", "billing", "support"), pick("router", "billing"))
+            else:
+                run.other("db.query", {"db.system": "postgresql"})
+        run.root(status=pick(STATUS_OK, STATUS_OK, STATUS_ERROR))
+        out.extend(run.spans)
     return out
 
 
@@ -117,6 +195,10 @@ CORPORA: dict[str, tuple[Callable[[], Iterator[Any]], Policy]] = {
     **{
         f"perturbed-seed{seed}": ((lambda s=seed: _perturbed(_bench_spans(s), s)), POLICY)
         for seed in (5, 6)
+    },
+    **{
+        f"random-seed{seed}": ((lambda s=seed: _perturbed(_random_spans(s), s)), POLICY)
+        for seed in (1, 2, 3, 4)
     },
     **{
         f"examples-perturbed-seed{seed}": (
