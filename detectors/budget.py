@@ -11,6 +11,13 @@ def budget_exhausted(ctx: Context, step: Step) -> None:
     budgets = ctx.limits.budgets
     start = state.start_ns if state.start_ns is not None else step.start_ns
     elapsed = (state.last_end_ns - start) / 1e9
+    # every step of every run comes here: leave at once while all three are within budget
+    if not (
+        state.action_steps > budgets.steps
+        or state.tokens > budgets.tokens
+        or elapsed > budgets.seconds
+    ):
+        return
     for name, used, limit in (
         ("steps", state.action_steps, budgets.steps),
         ("tokens", state.tokens, budgets.tokens),

@@ -28,8 +28,10 @@ def context_collapse(ctx: Context, step: Step) -> None:
         seen = [0, state.position, [], state.reduction_epoch, state.tokens, []]
     seen[0] += 1
     keep = ctx.limits.collapse_min_fetches
-    seen[2] = (seen[2] + [step.span_id])[-keep:]
-    seen[5] = (seen[5] + [step.call_id])[-keep:]
+    spans, calls = seen[2], seen[5]  # this entry's own lists (state, never shared)
+    spans.append(step.span_id)
+    calls.append(step.call_id)
+    del spans[:-keep], calls[:-keep]
     bounded_put(state.docs, step.action_fp, seen, ctx.limits.window)
     reductions = state.reduction_epoch - seen[3]
     if seen[0] >= ctx.limits.collapse_min_fetches and reductions >= 1:

@@ -16,6 +16,7 @@ was already released is counted as late and still fed, never dropped.
 
 from __future__ import annotations
 
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from detectors.base import Context, Detector
@@ -32,8 +33,7 @@ from detectors.state import (
     DEDUP_CAP,
     UNRESOLVED_CAP,
     RunState,
-    bloom_add,
-    bloom_has,
+    bloom_mask,
 )
 
 DETECTORS: tuple[Detector, ...] = (
@@ -77,32 +77,42 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
     state.spans += 1
     if not state.trace_id:
         state.trace_id = step.trace_id
+    span_id = step.span_id
     digest = step.content_digest[:8]
-    known = state.dedup.get(step.span_id)
+    dedup = state.dedup
+    known = dedup.get(span_id)
     if known is not None:
         if known == digest:
             state.duplicate_spans += 1
         else:
             state.conflicts += 1  # same id, different content: integrity error
         return []
-    if len(state.dedup) >= DEDUP_CAP:
-        del state.dedup[next(iter(state.dedup))]
-    state.dedup[step.span_id] = digest
+    if len(dedup) >= DEDUP_CAP:
+        del dedup[next(iter(dedup))]
+    dedup[span_id] = digest
     _track_tree(state, step)
-    if step.end_ns > state.max_end_ns:
-        state.max_end_ns = step.end_ns
-
-    _note_labels(state, step)
-    if step.kind == AGENT or step.is_root:
+    end = step.end_ns
+    if end > state.max_end_ns:
+        state.max_end_ns = end
+    # Run-level labels from any span of the run, whichever arrives first (instrumentations
+    # put them on the root or agent span, which ends last, or on every span).
+    if state.prompt_version is None:
+        state.prompt_version = step.prompt_version
+    kind = step.kind
+    if kind == AGENT or step.is_root:
         _note_container(state, step)
         return []
-    if step.kind == OTHER:
+    if kind == OTHER:
         return []
-    if state.last_key is not None and _key(step, state.released_seq) <= state.last_key:
-        state.late_spans += 1
-        ctx = Context(policy, state)
-        _process(ctx, step)
-        return ctx.findings
+    last_key = state.last_key
+    if last_key is not None:
+        seq = step.sequence
+        key = [seq if seq is not None else (state.released_seq or 0), step.start_ns, end, span_id]
+        if key <= last_key:
+            state.late_spans += 1
+            ctx = Context(policy, state)
+            _process(ctx, step)
+            return ctx.findings
     state.pending.append(step)
     if len(state.pending) > policy.max_pending_steps:
         state.forced_releases += 1
@@ -192,28 +202,22 @@ def _termination(state: RunState) -> tuple[str, str]:
 
 
 def _track_tree(state: RunState, step: Step) -> None:
-    state.seen_bloom = bloom_add(state.seen_bloom, step.span_id, BLOOM_BITS)
-    if step.span_id in state.unresolved:
-        state.unresolved.remove(step.span_id)
+    span_id = step.span_id
+    state.seen_bloom |= bloom_mask(span_id, BLOOM_BITS)
+    unresolved = state.unresolved
+    if span_id in unresolved:
+        unresolved.remove(span_id)
     parent = step.parent_span_id
-    if (
-        parent is not None
-        and parent not in state.dedup
-        and not bloom_has(state.seen_bloom, parent, BLOOM_BITS)
-    ):
-        if parent in state.unresolved:
-            return
-        if len(state.unresolved) < UNRESOLVED_CAP:
-            state.unresolved.append(parent)
-        else:
-            state.unresolved_overflow = True
-
-
-def _note_labels(state: RunState, step: Step) -> None:
-    """Run-level labels from any span of the run, whichever arrives first (instrumentations
-    put them on the root or agent span, which ends last, or on every span)."""
-    if state.prompt_version is None and step.prompt_version is not None:
-        state.prompt_version = step.prompt_version
+    # cheapest test first: most spans name the same parent (the root, which ends last)
+    if parent is None or parent in unresolved or parent in state.dedup:
+        return
+    mask = bloom_mask(parent, BLOOM_BITS)
+    if state.seen_bloom & mask == mask:
+        return
+    if len(unresolved) < UNRESOLVED_CAP:
+        unresolved.append(parent)
+    else:
+        state.unresolved_overflow = True
 
 
 def _note_container(state: RunState, step: Step) -> None:
@@ -263,25 +267,21 @@ def _tool_started_after(state: RunState, when: int) -> bool:
     return any(entry[5] > when for entry in state.window)
 
 
-def _key(step: Step, seq: int | None) -> list[Any]:
-    return [
-        step.sequence if step.sequence is not None else (seq or 0),
-        step.start_ns,
-        step.end_ns,
-        step.span_id,
-    ]
+_BY_TIME = attrgetter("start_ns", "end_ns", "span_id")
+_BY_KEY = itemgetter(0)
 
 
 def _ordered(state: RunState) -> list[tuple[list[Any], Step]]:
-    steps = sorted(state.pending, key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    steps = sorted(state.pending, key=_BY_TIME)
     # An unsequenced step takes the sequence of the latest sequenced step before it in time.
     carried = state.released_seq or 0
     keyed = []
     for step in steps:
-        if step.sequence is not None:
-            carried = step.sequence
-        keyed.append((_key(step, carried), step))
-    keyed.sort(key=lambda pair: pair[0])
+        seq = step.sequence
+        if seq is not None:
+            carried = seq
+        keyed.append(([carried, step.start_ns, step.end_ns, step.span_id], step))
+    keyed.sort(key=_BY_KEY)
     return keyed
 
 
@@ -299,26 +299,30 @@ def _release(
     contiguous = _contiguous_upto(state, keyed) if policy.release_on_sequence else None
     ctx = Context(policy, state)
     released = 0
-    for index, (key, step) in enumerate(keyed):
+    for key, step in keyed:
+        end, seq = step.end_ns, step.sequence
         # A contiguous sequence releases at once, but never past what the event time
         # vouches for: with spans of a run on several input partitions (the worker's input
         # clock), a model span that ended before this step may still be on its way.
-        in_sequence = (
-            contiguous is not None
-            and step.end_ns <= event_time
-            and (key[0] < contiguous or (step.sequence is not None and step.sequence <= contiguous))
-        )
-        ready = force_all or (force_one and index == 0) or step.end_ns <= horizon or in_sequence
-        if not ready:
+        if not (
+            force_all
+            or (force_one and released == 0)
+            or end <= horizon
+            or (
+                contiguous is not None
+                and end <= event_time
+                and (key[0] < contiguous or (seq is not None and seq <= contiguous))
+            )
+        ):
             break
         state.last_key = key
-        if step.sequence is not None and (
-            state.released_seq is None or step.sequence > state.released_seq
-        ):
-            state.released_seq = step.sequence
+        if seq is not None and (state.released_seq is None or seq > state.released_seq):
+            state.released_seq = seq
         _process(ctx, step)
         released += 1
-    if released:
+    if released == len(keyed):
+        state.pending = []  # the common case: everything buffered was ready
+    elif released:
         done = {id(step) for _, step in keyed[:released]}
         state.pending = [step for step in state.pending if id(step) not in done]
     return ctx.findings
@@ -350,13 +354,15 @@ def _contiguous_upto(state: RunState, keyed: list[tuple[list[Any], Step]]) -> in
 def _process(ctx: Context, step: Step) -> None:
     state = ctx.state
     state.position += 1
+    kind = step.kind
     if step.prompt_version is not None:
         state.prompt_version = step.prompt_version
-    if step.agent_name is not None and step.kind != HANDOFF:
-        state.agent_name = step.agent_name
+    agent = step.agent_name
+    if agent is not None and kind != HANDOFF:
+        state.agent_name = agent
         # the agent in control, in runtime order: the source of a handoff whose span
         # does not name one (its agent is an ancestor span's)
-        state.current_agent = step.agent_name
+        state.current_agent = agent
     if state.service_name is None:
         state.service_name = step.service_name
     if state.session_id is None:
@@ -364,42 +370,47 @@ def _process(ctx: Context, step: Step) -> None:
     if state.task_type is None and step.task_type is not None:
         state.task_type = step.task_type
         ctx.limits = ctx.policy.limits_for(step.task_type)
-    if state.start_ns is None or step.start_ns < state.start_ns:
-        state.start_ns = step.start_ns
-    if step.end_ns > state.last_end_ns:
-        state.last_end_ns = step.end_ns
+    start, end = step.start_ns, step.end_ns
+    if state.start_ns is None or start < state.start_ns:
+        state.start_ns = start
+    if end > state.last_end_ns:
+        state.last_end_ns = end
     state.tokens += step.input_tokens + step.output_tokens
-    if step.kind == TOOL:
+    if kind == TOOL:
         state.tool_calls += 1
         state.action_steps += 1
-        if step.action_fp is not None and not bloom_has(
-            state.distinct_bloom, step.action_fp, BLOOM_BITS
-        ):
-            state.distinct_bloom = bloom_add(state.distinct_bloom, step.action_fp, BLOOM_BITS)
-            state.distinct_actions += 1
-        if state.guard_ns is not None and step.start_ns > state.guard_ns:
+        action = step.action_fp
+        if action is not None:
+            mask = bloom_mask(action, BLOOM_BITS)
+            if state.distinct_bloom & mask != mask:
+                state.distinct_bloom |= mask
+                state.distinct_actions += 1
+        if state.guard_ns is not None and start > state.guard_ns:
             state.tool_after_guard = True
-        outcome = step.result_fp if step.result_fp is not None else step.error_code
-        state.window.append(
+        code = step.error_code
+        result = step.result_fp
+        window = state.window
+        window.append(
             [
                 step.name,
-                step.action_fp,
-                outcome,
-                step.error_code,
+                action,
+                result if result is not None else code,  # the outcome
+                code,
                 step.empty_result,
-                step.start_ns,
-                step.end_ns,
+                start,
+                end,
                 step.span_id,
                 step.call_id,
                 state.position,
                 state.tokens,
             ]
         )
-        if len(state.window) > ctx.limits.window:
-            del state.window[: len(state.window) - ctx.limits.window]
-    elif step.kind == HANDOFF:
+        keep = ctx.limits.window
+        if len(window) > keep:
+            del window[: len(window) - keep]
+    elif kind == HANDOFF:
         state.action_steps += 1
-    elif step.kind == LLM:
+    elif kind == LLM:
         state.last_turn_wants_tools = step.wants_tools
-    for detector in _BY_KIND.get(step.kind, DETECTORS):
+    for detector in _BY_KIND.get(kind, DETECTORS):
         detector(ctx, step)

@@ -13,7 +13,7 @@ from typing import Any
 from detectors.base import Context
 from detectors.model import TOOL, Step
 from detectors.policy import ToolContract
-from detectors.state import ITEM_BLOOM_BITS, MAP_CAP, bloom_add, bloom_has, bounded_put
+from detectors.state import ITEM_BLOOM_BITS, MAP_CAP, bloom_mask, bounded_put
 
 # Streak layout.
 S_ACTION, S_COUNT, S_FIRST_POS, S_SPANS, S_CALLS = 0, 1, 2, 3, 4
@@ -62,9 +62,10 @@ def identical_repetition(ctx: Context, step: Step) -> None:
     new_items = False
     if step.item_fps:
         for item in step.item_fps:
-            if not bloom_has(state.item_bloom, item, ITEM_BLOOM_BITS):
+            mask = bloom_mask(item, ITEM_BLOOM_BITS)
+            if state.item_bloom & mask != mask:
                 new_items = True
-            state.item_bloom = bloom_add(state.item_bloom, item, ITEM_BLOOM_BITS)
+                state.item_bloom |= mask
     code = step.error_code
     transient = code is not None and code in ctx.policy.transient_error_codes
     streak = state.streak

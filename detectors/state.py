@@ -126,26 +126,22 @@ WIN_POS = 9
 WIN_TOKENS = 10  # run's cumulative tokens when this step was released
 
 
-def _bloom_hash(key: str) -> int:
-    # Span ids and fingerprints are hex: use their low 64 bits; anything else gets FNV-1a
-    # (stable across processes, unlike hash()).
+def _fnv1a(key: str) -> int:
+    h = 0xCBF29CE484222325
+    for byte in key.encode("utf-8"):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def bloom_mask(key: str, size: int) -> int:
+    """The key's two bits. Span ids and fingerprints are hex: their low 64 bits are the
+    hash; anything else gets FNV-1a (stable across processes, unlike hash()). A caller that
+    both tests and sets a key computes this once (the hot path: every span, every tool)."""
     try:
-        return int(key[-16:], 16)
+        h = int(key[-16:], 16)
     except ValueError:
-        h = 0xCBF29CE484222325
-        for byte in key.encode("utf-8"):
-            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-        return h
-
-
-def bloom_add(bits: int, key: str, size: int) -> int:
-    h = _bloom_hash(key)
-    return bits | (1 << (h % size)) | (1 << ((h >> 20) % size))
-
-
-def bloom_has(bits: int, key: str, size: int) -> bool:
-    h = _bloom_hash(key)
-    return bool(bits >> (h % size) & 1) and bool(bits >> ((h >> 20) % size) & 1)
+        h = _fnv1a(key)
+    return (1 << (h % size)) | (1 << ((h >> 20) % size))
 
 
 def bounded_put(mapping: dict[str, Any], key: str, value: Any, cap: int = MAP_CAP) -> None:
