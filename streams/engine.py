@@ -23,7 +23,7 @@ from streams import native_spec
 from streams.errors import DecodeError, InputError
 from streams.native_spec import NativeBatch
 from streams.normalize import Normalizer
-from streams.otlp import decode_proto
+from streams.otlp import OTLP_PROTO, decode_record
 from streams.runloop import MemoryStore, RunLoop, group_steps
 from streams.spans import SpanRecord
 
@@ -122,11 +122,14 @@ class Engine:
             self.watermark_ns = low
         self.feed_steps(by_run)
 
-    def feed_bytes(self, data: bytes, source: int = 0, where: str = "record") -> None:
-        """One OTLP protobuf export message of `source`: the native span path when it can
-        take it, else decoded (DecodeError for malformed input) and normalized in Python."""
-        batch = native_spec.normalize(self.span_path, data)
-        self.feed(batch if batch is not None else decode_proto(data, where), source)
+    def feed_bytes(
+        self, data: bytes, source: int = 0, where: str = "record", encoding: str = OTLP_PROTO
+    ) -> None:
+        """One OTLP export message of `source` (protobuf, or JSON): the native span path when
+        it can take it, else decoded (DecodeError for malformed input) and normalized in
+        Python."""
+        batch = native_spec.normalize(self.span_path, data, encoding)
+        self.feed(batch if batch is not None else decode_record(data, encoding, where), source)
 
     def open_source(self, source: int, start_ns: int) -> None:
         """`source` has data from `start_ns` on: the watermark waits for it from now."""

@@ -288,8 +288,8 @@ def iter_batches(
     span_path: Any = None,
 ) -> Generator[tuple[str, list[SpanRecord] | NativeBatch], None, None]:
     """(source, spans) for every export message under `paths`; with a native `span_path`
-    (streams/native_spec.py) a protobuf message it can take is its NativeBatch instead,
-    never decoded into Python objects.
+    (streams/native_spec.py) a message it can take (protobuf or JSON) is its NativeBatch
+    instead, never decoded into Python objects.
 
     Problems are reported through `on_error` and reading goes on: an undecodable message
     is skipped; a file whose framing or compression is broken is abandoned at that point
@@ -309,8 +309,8 @@ def iter_batches(
                 except DecodeError as e:
                     on_error(e)
                     break
-                if span_path is not None and payload.encoding == OTLP_PROTO:
-                    batch = native_spec.normalize(span_path, payload.data)
+                if span_path is not None:
+                    batch = native_spec.normalize(span_path, payload.data, payload.encoding)
                     if batch is not None:
                         yield payload.source, batch
                         continue

@@ -25,6 +25,8 @@ from detectors.policy import Policy, ToolContract
 from detectors.recognition import Profile, Source
 from streams import native
 from streams.normalize import _OUT_OF_STEPS, TOOL_CALL_FINISH_REASONS
+from streams.otlp.common import OTLP_JSON, OTLP_PROTO
+from streams.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
 
 NATIVE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace"})
 
@@ -211,11 +213,19 @@ class NativeBatch:
     last_end: int
 
 
-def normalize(span_path: Any, data: Any) -> NativeBatch | None:
-    """The native result for OTLP protobuf `data`, or None: the Python decoder and
-    normalizer must take this message (malformed input, for its exact error; a value only
-    Python decides; a buffer that is not bytes)."""
+def normalize(span_path: Any, data: Any, encoding: str = OTLP_PROTO) -> NativeBatch | None:
+    """The native result for one export message `data` in `encoding` (OTLP protobuf or
+    OTLP JSON), or None: the Python decoder and normalizer must take this message
+    (malformed input, for its exact error; a value only Python decides; a JSON document
+    nested deeper than the native decoder decides; a buffer that is not bytes)."""
     if span_path is None or type(data) is not bytes:
         return None
-    got = span_path.normalize(data)
+    if encoding == OTLP_PROTO:
+        got = span_path.normalize(data)
+    elif encoding == OTLP_JSON:
+        got = span_path.normalize_json(
+            data, NATIVE_MAX_DEPTH, sys.get_int_max_str_digits(), TRAILING_COMMA_MSGS
+        )
+    else:  # an unknown encoding: decode_record names it
+        return None
     return None if got is None else NativeBatch(*got)

@@ -507,6 +507,67 @@ pub fn parse(text: &str, opts: Opts) -> Result<(J<'_>, bool), ParseErr> {
     Ok((doc, sc.lone))
 }
 
+/// Why OTLP JSON bytes give no request: the reference decides (nested deeper than
+/// `Opts::max_depth`), or the reference's error message (what follows "<source>: ").
+pub enum DocErr {
+    Delegate,
+    Bad(String),
+}
+
+/// json_decode.decode_json up to the wire structures: UTF-8 (an optional BOM dropped), the
+/// scan, the unpaired-surrogate check, the walk; `f` gets the request. The tree borrows the
+/// scanned document, hence the callback. `repr` renders attribute keys in messages.
+pub fn with_request<T, F>(
+    data: &[u8],
+    opts: Opts,
+    repr: &dyn Fn(&str) -> String,
+    f: F,
+) -> Result<T, DocErr>
+where
+    F: for<'t> FnOnce(&'t [ResourceSpans<'t>]) -> T,
+{
+    let text = match std::str::from_utf8(data) {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(DocErr::Bad(format!(
+                "JSON is not valid UTF-8 (byte offset {})",
+                e.valid_up_to()
+            )))
+        }
+    };
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
+    let (doc, lone) = match parse(text, opts) {
+        Ok(x) => x,
+        Err(ParseErr::TooDeep) => return Err(DocErr::Delegate),
+        Err(ParseErr::TooLarge) => {
+            return Err(DocErr::Bad("invalid JSON: number too large".to_string()))
+        }
+        Err(ParseErr::Syntax(msg, pos)) => {
+            let (line, col) = line_col(text, pos);
+            return Err(DocErr::Bad(format!(
+                "invalid JSON at line {} column {}: {}",
+                line, col, msg
+            )));
+        }
+    };
+    if lone && has_lone(&doc) {
+        return Err(DocErr::Bad(
+            "invalid JSON: string with an unpaired surrogate escape".to_string(),
+        ));
+    }
+    let top = match &doc {
+        J::Obj(o) => o,
+        other => {
+            return Err(DocErr::Bad(format!(
+                "top-level JSON value is not an object ({})",
+                json_type(other)
+            )))
+        }
+    };
+    let tree = Walk { repr }.request(top).map_err(DocErr::Bad)?;
+    Ok(f(&tree))
+}
+
 /// JSONDecodeError's "line L column C" for a byte offset (both count characters).
 pub fn line_col(text: &str, pos: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..pos.min(text.len())];

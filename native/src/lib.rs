@@ -29,7 +29,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 3;
+const API: u32 = 4;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 
@@ -294,51 +294,10 @@ fn decode_json<'py>(
             Err(e) => e,
         }
     };
-    let text = match std::str::from_utf8(data.as_bytes()) {
-        Ok(t) => t,
-        Err(e) => {
-            return Err(raise(format!(
-                "{}: JSON is not valid UTF-8 (byte offset {})",
-                source,
-                e.valid_up_to()
-            )))
-        }
-    };
-    let text = text.strip_prefix('\u{FEFF}').unwrap_or(text);
     let opts = json::Opts {
         max_depth,
         max_digits,
         trailing_comma_msgs,
-    };
-    let (doc, lone) = match json::parse(text, opts) {
-        Ok(x) => x,
-        Err(json::ParseErr::TooDeep) => return Ok(None),
-        Err(json::ParseErr::TooLarge) => {
-            return Err(raise(format!("{}: invalid JSON: number too large", source)))
-        }
-        Err(json::ParseErr::Syntax(msg, pos)) => {
-            let (line, col) = json::line_col(text, pos);
-            return Err(raise(format!(
-                "{}: invalid JSON at line {} column {}: {}",
-                source, line, col, msg
-            )));
-        }
-    };
-    if lone && json::has_lone(&doc) {
-        return Err(raise(format!(
-            "{}: invalid JSON: string with an unpaired surrogate escape",
-            source
-        )));
-    }
-    let top = match &doc {
-        json::J::Obj(o) => o,
-        other => {
-            return Err(raise(format!(
-                "{}: top-level JSON value is not an object ({})",
-                source,
-                json::json_type(other)
-            )))
-        }
     };
     let repr = |key: &str| -> String {
         match PyString::new(py, key).repr() {
@@ -346,12 +305,13 @@ fn decode_json<'py>(
             Err(_) => format!("{:?}", key),
         }
     };
-    let walk = json::Walk { repr: &repr };
-    let tree = match walk.request(top) {
-        Ok(t) => t,
-        Err(reason) => return Err(raise(format!("{}: {}", source, reason))),
-    };
-    convert(py, &tree, source, record, event, &raise).map(Some)
+    match json::with_request(data.as_bytes(), opts, &repr, |tree| {
+        convert(py, tree, source, record, event, &raise)
+    }) {
+        Ok(out) => out.map(Some),
+        Err(json::DocErr::Delegate) => Ok(None),
+        Err(json::DocErr::Bad(reason)) => Err(raise(format!("{}: {}", source, reason))),
+    }
 }
 
 /// The span kind and status code names the JSON decoder knows, for the descriptor test.

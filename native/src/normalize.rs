@@ -2016,16 +2016,50 @@ impl SpanPath {
     /// `group_steps(normalizer, decode_proto(data))` gives. None: the batch needs the Python
     /// path (malformed input, for its error; or a value only Python decides).
     fn normalize<'py>(&self, py: Python<'py>, data: &[u8]) -> PyResult<Batch<'py>> {
-        let tree = match wire::parse_request(data) {
-            Ok(t) => t,
-            Err(_) => return Ok(None),
+        match wire::parse_request(data) {
+            Ok(tree) => self.batch(py, &tree),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// normalize_json(data, max_depth, max_digits, trailing_comma_msgs) -> what `normalize`
+    /// gives, for OTLP JSON bytes: `group_steps(normalizer, decode_json(data))`. None where
+    /// the Python decoder raises, and for documents nested deeper than `max_depth` (its
+    /// outcome there depends on Python's recursion limit); the other arguments are the
+    /// interpreter's, as for `decode_json`.
+    fn normalize_json<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+        max_depth: usize,
+        max_digits: usize,
+        trailing_comma_msgs: bool,
+    ) -> PyResult<Batch<'py>> {
+        let opts = crate::json::Opts {
+            max_depth,
+            max_digits,
+            trailing_comma_msgs,
         };
+        // messages are not shown: any error hands the document to the Python path
+        let repr = |key: &str| -> String { key.to_string() };
+        crate::json::with_request(data, opts, &repr, |tree| self.batch(py, tree))
+            .unwrap_or(Ok(None))
+    }
+}
+
+impl SpanPath {
+    /// One parsed request -> the grouped steps (see `normalize`).
+    fn batch<'a, 'py>(
+        &self,
+        py: Python<'py>,
+        tree: &'a [wire::ResourceSpans<'a>],
+    ) -> PyResult<Batch<'py>> {
         let now_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         // the Python decoder validates every span before any is normalized
-        for rs in &tree {
+        for rs in tree {
             for ss in &rs.scopes {
                 for sp in &ss.spans {
                     let (tid, sid, pid): (&[u8], &[u8], &[u8]) =
@@ -2048,7 +2082,7 @@ impl SpanPath {
         let mut max_end = 0u64;
         let (mut first_end, mut last_end) = (u64::MAX, 0u64); // over every span, valid or not
         let mut n = 0usize;
-        for rs in &tree {
+        for rs in tree {
             let resource = match conv_attrs(&rs.resource) {
                 Ok(r) => r,
                 Err(Hard) => return Ok(None),

@@ -569,9 +569,9 @@ def decode_json_py(data: bytes | str, source: str = "record") -> list[SpanRecord
 # reference's outcome (a RecursionError turned into a message) depends on Python's recursion
 # limit and on how deep the caller's stack already is. Valid OTLP needs about 270 levels
 # (64 nested kvlist values); 400 keeps clear of the default limit of 1000 frames.
-_NATIVE_MAX_DEPTH: Final = min(400, sys.getrecursionlimit() * 2 // 5)
+NATIVE_MAX_DEPTH: Final = min(400, sys.getrecursionlimit() * 2 // 5)
 # CPython 3.13's json names a trailing comma ("Illegal trailing comma before end of ...").
-_TRAILING_COMMA_MSGS: Final = sys.version_info >= (3, 13)
+TRAILING_COMMA_MSGS: Final = sys.version_info >= (3, 13)
 
 
 def _decode_native(data: bytes | str, source: str = "record") -> list[SpanRecord]:
@@ -586,9 +586,9 @@ def _decode_native(data: bytes | str, source: str = "record") -> list[SpanRecord
         SpanRecord,
         SpanEvent,
         DecodeError,
-        _NATIVE_MAX_DEPTH,
+        NATIVE_MAX_DEPTH,
         sys.get_int_max_str_digits(),
-        _TRAILING_COMMA_MSGS,
+        TRAILING_COMMA_MSGS,
     )
     return decode_json_py(data, source) if out is None else out
 

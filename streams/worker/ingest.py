@@ -17,7 +17,7 @@ from detectors.model import Step
 from streams import native_spec
 from streams.errors import DecodeError
 from streams.normalize import Normalizer
-from streams.otlp import OTLP_PROTO, decode_record
+from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
 from streams.runloop import group_steps
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
@@ -51,9 +51,12 @@ class InputReader:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.counters = counters
-        # protobuf records: bytes to steps natively when the extension takes this policy
+        # protobuf and JSON records: bytes to steps natively when the extension takes this
+        # policy (an unknown encoding is named by decode_record's error)
         self.span_path = (
-            native_spec.build(normalizer.policy, normalizer.fp) if encoding == OTLP_PROTO else None
+            native_spec.build(normalizer.policy, normalizer.fp)
+            if encoding in (OTLP_PROTO, OTLP_JSON)
+            else None
         )
 
     async def decode(
@@ -62,7 +65,7 @@ class InputReader:
         """(steps by run, spans, invalid spans); None when it was dead-lettered (the dead
         letter is added to `sent`)."""
         source = f"{message.topic}/{message.partition}@{message.offset}"
-        batch = native_spec.normalize(self.span_path, message.value)
+        batch = native_spec.normalize(self.span_path, message.value, self.encoding)
         if batch is not None:
             by_run, invalid, n_spans = batch.by_run, batch.invalid, batch.spans
         else:

@@ -52,7 +52,7 @@ DIFF = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-MAX_DEPTH = json_decode._NATIVE_MAX_DEPTH
+MAX_DEPTH = json_decode.NATIVE_MAX_DEPTH
 
 
 def native_decode(data: bytes, source: str = "record") -> list[SpanRecord]:
@@ -66,7 +66,7 @@ def native_decode(data: bytes, source: str = "record") -> list[SpanRecord]:
         DecodeError,
         MAX_DEPTH,
         sys.get_int_max_str_digits(),
-        json_decode._TRAILING_COMMA_MSGS,
+        json_decode.TRAILING_COMMA_MSGS,
     )
     assert out is not None, "the native decoder left a shallow document to the reference"
     return out

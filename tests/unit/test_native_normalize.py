@@ -4,9 +4,11 @@ One behaviour, two implementations: for OTLP protobuf bytes, `SpanPath.normalize
 what `group_steps(Normalizer(policy, fp), decode_proto_py(data))` gives: the same steps (every
 field, exact types, digests) grouped by run in the same order, the same invalid count and
 invalid spans, the same latest end; and None (the Python path takes the message) wherever
-the Python decoder raises. Inputs: every framework fixture and example under several
-policies, hypothesis-built requests over every profile's attribute keys and value shapes,
-policies with contracts and custom profiles, truncated and corrupted messages.
+the Python decoder raises. `SpanPath.normalize_json` likewise for OTLP JSON bytes against
+`decode_json_py`. Inputs: every framework fixture and example under several policies (as
+protobuf and as JSON), hypothesis-built requests over every profile's attribute keys and
+value shapes (both encodings), policies with contracts and custom profiles, truncated and
+corrupted messages, JSON documents damaged at the text level.
 
 Runs whenever the extension is built (CI: LOOPWATCH_REQUIRE_NATIVE=1 builds it and fails
 without it); skipped only on a fallback-only installation.
@@ -19,6 +21,7 @@ import os
 import struct
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,12 +37,18 @@ from detectors.model import Step
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from streams import native, native_spec
 from streams.errors import DecodeError
-from streams.files import iter_payloads
+from streams.files import iter_batches, iter_payloads
+from streams.native_spec import NativeBatch
 from streams.normalize import Normalizer
-from streams.otlp import OTLP_PROTO
+from streams.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODES
+from streams.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
 from streams.otlp.proto import decode_proto_py
-from streams.otlp.transcode import json_to_proto_bytes
+from streams.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
 from streams.runloop import group_steps
+from streams.worker.ingest import InputReader
+from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
+from tests.unit.test_native_json import TOKENS, dumps
+from tests.unit.test_native_json import request as json_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,9 +154,10 @@ def canon(x: Any) -> Any:
     return (type(x).__name__, x)
 
 
-def python_result(policy: Policy, key: bytes | None, data: bytes) -> Any:
+def python_result(policy: Policy, key: bytes | None, data: bytes, encoding: str) -> Any:
+    decode = decode_proto_py if encoding == OTLP_PROTO else decode_json_py
     try:
-        spans = decode_proto_py(data)
+        spans = decode(data)
     except DecodeError:
         return None
     invalid: list[tuple[str, str, str]] = []
@@ -168,8 +178,17 @@ def python_result(policy: Policy, key: bytes | None, data: bytes) -> Any:
     )
 
 
-def native_result(name: str, key: bytes | None, data: bytes) -> Any:
-    got = PATHS[(name, key)].normalize(data)
+def native_call(path: Any, data: bytes, encoding: str) -> Any:
+    """The extension itself (native_spec.normalize is the wrapper, tested below)."""
+    if encoding == OTLP_PROTO:
+        return path.normalize(data)
+    return path.normalize_json(
+        data, NATIVE_MAX_DEPTH, sys.get_int_max_str_digits(), TRAILING_COMMA_MSGS
+    )
+
+
+def native_result(name: str, key: bytes | None, data: bytes, encoding: str) -> Any:
+    got = native_call(PATHS[(name, key)], data, encoding)
     if got is None:
         return None
     by_run, *rest = got
@@ -178,11 +197,11 @@ def native_result(name: str, key: bytes | None, data: bytes) -> Any:
     return ([(run, [canon(s.to_list()) for s in steps]) for run, steps in by_run.items()], *rest)
 
 
-def check(data: bytes, *, must_be_native: bool) -> None:
+def check(data: bytes, *, must_be_native: bool, encoding: str = OTLP_PROTO) -> None:
     for name, policy in POLICIES.items():
         for key in KEYS:
-            want = python_result(policy, key, data)
-            got = native_result(name, key, data)
+            want = python_result(policy, key, data, encoding)
+            got = native_result(name, key, data, encoding)
             if want is None:
                 assert got is None, "the Python decoder rejects this message"
                 continue
@@ -215,6 +234,19 @@ def fixture_messages() -> list[tuple[str, bytes]]:
 FIXTURES = fixture_messages()
 
 
+def json_fixture_messages() -> list[tuple[str, bytes]]:
+    """Every fixture as the Collector writes it (transcoded), and each JSON fixture line as
+    found (other spellings: enum names, snake_case, ints as numbers)."""
+    out = [(f"{source} as JSON", proto_to_json_bytes(data)) for source, data in FIXTURES]
+    for pattern in ("tests/fixtures/frameworks/*.jsonl", "examples/*.jsonl"):
+        for f in sorted(ROOT.glob(pattern)):
+            out.extend((p.source, p.data) for p in iter_payloads([f]))
+    return out
+
+
+JSON_FIXTURES = json_fixture_messages()
+
+
 def test_fixtures_are_covered() -> None:
     assert len(FIXTURES) > 50
     assert any("frameworks" in s for s, _ in FIXTURES) and any("examples" in s for s, _ in FIXTURES)
@@ -225,14 +257,21 @@ def test_fixture_steps_are_identical(source: str, data: bytes) -> None:
     check(data, must_be_native=True)
 
 
-def test_fixture_truncations_and_flips() -> None:
-    for _, data in FIXTURES[::10]:
+@pytest.mark.parametrize("source,data", JSON_FIXTURES, ids=[s for s, _ in JSON_FIXTURES])
+def test_json_fixture_steps_are_identical(source: str, data: bytes) -> None:
+    check(data, must_be_native=True, encoding=OTLP_JSON)
+
+
+@pytest.mark.parametrize("encoding", [OTLP_PROTO, OTLP_JSON])
+def test_fixture_truncations_and_flips(encoding: str) -> None:
+    fixtures = FIXTURES if encoding == OTLP_PROTO else JSON_FIXTURES
+    for _, data in fixtures[::10]:
         for cut in range(0, len(data), max(1, len(data) // 10)):
-            check(data[:cut], must_be_native=False)
+            check(data[:cut], must_be_native=False, encoding=encoding)
         for pos in range(0, len(data), max(1, len(data) // 10)):
             flipped = bytearray(data)
             flipped[pos] ^= 0x5A
-            check(bytes(flipped), must_be_native=False)
+            check(bytes(flipped), must_be_native=False, encoding=encoding)
 
 
 # --------------------------------------------------------------------------- generated spans
@@ -564,6 +603,163 @@ def test_generated_requests_are_identical(data: bytes) -> None:
 @given(st.binary(max_size=200))
 def test_random_bytes(data: bytes) -> None:
     check(data, must_be_native=False)
+
+
+# --------------------------------------------------------------------------- as OTLP JSON
+
+_SNAKE = {
+    "resourceSpans": "resource_spans",
+    "scopeSpans": "scope_spans",
+    "traceId": "trace_id",
+    "spanId": "span_id",
+    "parentSpanId": "parent_span_id",
+    "startTimeUnixNano": "start_time_unix_nano",
+    "endTimeUnixNano": "end_time_unix_nano",
+    "timeUnixNano": "time_unix_nano",
+    "stringValue": "string_value",
+    "intValue": "int_value",
+    "doubleValue": "double_value",
+    "boolValue": "bool_value",
+    "bytesValue": "bytes_value",
+    "arrayValue": "array_value",
+    "kvlistValue": "kvlist_value",
+}
+_KIND_NAMES = {v: k for k, v in SPAN_KINDS.items()}
+_CODE_NAMES = {v: k for k, v in STATUS_CODES.items()}
+
+
+def respell(x: Any, draw: st.DrawFn) -> Any:
+    """Spellings the Collector's JSON does not use but the decoder accepts: snake_case
+    keys, enum names, int64s as numbers, uint64s as numbers, scope as the old
+    instrumentationLibrary."""
+    if isinstance(x, list):
+        return [respell(v, draw) for v in x]
+    if not isinstance(x, dict):
+        return x
+    out: dict[str, Any] = {}
+    for k, v in x.items():
+        v = respell(v, draw)
+        if k in ("intValue", "startTimeUnixNano", "endTimeUnixNano", "timeUnixNano") and (
+            isinstance(v, str) and draw(st.booleans())
+        ):
+            v = int(v)
+        elif k == "kind" and isinstance(v, int) and v in _KIND_NAMES and draw(st.booleans()):
+            v = _KIND_NAMES[v]
+        elif k == "code" and isinstance(v, int) and v in _CODE_NAMES and draw(st.booleans()):
+            v = _CODE_NAMES[v]
+        elif k == "scope" and draw(st.integers(0, 3)) == 0:
+            k = "instrumentationLibrary"
+        out[_SNAKE.get(k, k) if k in _SNAKE and draw(st.integers(0, 3)) == 0 else k] = v
+    return out
+
+
+@DIFF
+@given(requests(), st.data())
+def test_generated_requests_as_json_are_identical(data: bytes, draw: st.DataObject) -> None:
+    try:
+        text = proto_to_json_bytes(data)
+    except DecodeError:  # not a valid request: the protobuf test covers it
+        return
+    check(text, must_be_native=False, encoding=OTLP_JSON)
+    doc = respell(json.loads(text), draw.draw)
+    check(dumps(doc, draw.draw(st.booleans())), must_be_native=False, encoding=OTLP_JSON)
+
+
+@DIFF
+@given(requests(), st.data())
+def test_generated_json_damaged(data: bytes, draw: st.DataObject) -> None:
+    """Text-level damage (cuts, deletions, JSON tokens, bad UTF-8, lone surrogates): None
+    wherever the Python decoder raises, its steps wherever it does not."""
+    try:
+        text = proto_to_json_bytes(data)
+    except DecodeError:
+        return
+    for _ in range(draw.draw(st.integers(1, 3))):
+        i = draw.draw(st.integers(0, len(text)))
+        op = draw.draw(st.integers(0, 3))
+        if op == 0:
+            text = text[:i]
+        elif op == 1:
+            j = draw.draw(st.integers(i, min(len(text), i + 8)))
+            text = text[:i] + text[j:]
+        else:
+            text = text[:i] + draw.draw(st.sampled_from(TOKENS)) + text[i:]
+    check(text, must_be_native=False, encoding=OTLP_JSON)
+
+
+@DIFF
+@given(json_documents(), st.booleans())
+def test_generated_json_documents(doc: Any, ascii_only: bool) -> None:
+    """The JSON decoder's own generator: every spelling and value kind it accepts or
+    refuses, through the normalizer."""
+    check(dumps(doc, ascii_only), must_be_native=False, encoding=OTLP_JSON)
+
+
+@pytest.mark.parametrize("data", JSON_EXPLICIT, ids=range(len(JSON_EXPLICIT)))
+def test_json_explicit(data: bytes) -> None:
+    check(data, must_be_native=False, encoding=OTLP_JSON)
+
+
+@DIFF
+@given(st.binary(max_size=120))
+def test_random_bytes_as_json(data: bytes) -> None:
+    check(data, must_be_native=False, encoding=OTLP_JSON)
+
+
+def test_deep_json_goes_to_python() -> None:
+    """Nesting past NATIVE_MAX_DEPTH: the native side does not decide (the reference's
+    outcome depends on the recursion limit); the wrapper's None sends it to decode_record."""
+    path = PATHS[("default", None)]
+    deep = b'{"resourceSpans":' + b"[" * NATIVE_MAX_DEPTH + b"]" * NATIVE_MAX_DEPTH + b"}"
+    assert native_call(path, deep, OTLP_JSON) is None
+    assert native_spec.normalize(path, deep, OTLP_JSON) is None
+    shallow = JSON_FIXTURES[0][1]
+    assert native_call(path, shallow, OTLP_JSON) is not None
+
+
+def test_the_wrapper_dispatches_on_the_encoding() -> None:
+    path = PATHS[("examples", b"test-key")]
+    source, data = next((s, d) for s, d in FIXTURES if "examples" in s)
+    as_json = proto_to_json_bytes(data)
+    by_proto = native_spec.normalize(path, data, OTLP_PROTO)
+    by_json = native_spec.normalize(path, as_json, OTLP_JSON)
+    assert by_proto is not None and by_json is not None, source
+    assert by_json.by_run == by_proto.by_run and by_json.spans == by_proto.spans
+    assert native_spec.normalize(path, data) == by_proto  # protobuf by default
+    assert native_spec.normalize(path, as_json, "otlp_yaml") is None  # decode_record names it
+    assert native_spec.normalize(path, bytearray(as_json), OTLP_JSON) is None
+    assert native_spec.normalize(None, as_json, OTLP_JSON) is None
+
+
+def test_json_files_are_read_natively(tmp_path: Path) -> None:
+    """iter_batches hands JSON lines to the span path; a line it cannot take (broken)
+    still gets the decoder's error, and the next line is read."""
+    path = PATHS[("examples", b"test-key")]
+    lines = [proto_to_json_bytes(d) for _, d in FIXTURES[:3]]
+    f = tmp_path / "traces.jsonl"
+    f.write_bytes(lines[0] + b"\n" + lines[1][:-5] + b"\n" + lines[2] + b"\n")
+    errors: list[DecodeError] = []
+    got = list(iter_batches([f], errors.append, path))
+    assert [s for s, _ in got] == [f"{f}:1", f"{f}:3"]
+    assert all(isinstance(b, NativeBatch) for _, b in got)
+    (error,) = errors
+    assert str(error).startswith(f"{f}:2: invalid JSON")
+
+
+async def test_worker_json_records_are_normalized_natively(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(native, "EXT", EXT)  # the extension, also on the fallback pass
+    policy = POLICIES["examples"]
+    normalizer = Normalizer(policy, Fingerprinter(b"test-key"))
+    reader = InputReader(normalizer, OTLP_JSON, None, None, {})
+    assert reader.span_path is not None
+    data = proto_to_json_bytes(next(d for s, d in FIXTURES if "examples" in s))
+    message = SimpleNamespace(topic="otlp_json", partition=0, offset=1, value=data)
+    got = await reader.decode(message, [])
+    want, invalid, _ = group_steps(normalizer, decode_json_py(data))
+    assert got is not None and got[0] == want and got[2] == invalid == 0
+    assert native_spec.normalize(reader.span_path, data, OTLP_JSON) is not None
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
