@@ -70,6 +70,11 @@ variable                                  default                     meaning
 ``LOOPWATCH_STATE_CACHE``                 ``10000``                   decoded run states kept in
                                                                       memory (write-through)
 ``LOOPWATCH_LINGER_MS``                   ``10``                      producer linger (batching)
+``LOOPWATCH_FETCH_PARTITION_MB``          ``16``                      consumer fetch size per
+                                                                      partition (faust's default,
+                                                                      1 MiB, starved the agents:
+                                                                      half the worker's time was
+                                                                      spent waiting for records)
 ``LOOPWATCH_TICK_SECONDS``                ``1.0``                     timer period (releases,
                                                                       finalization, cleanup)
 ``LOOPWATCH_OUTPUT_RETENTION_HOURS``      ``168``                     retention of created output,
@@ -166,6 +171,7 @@ class WorkerSettings:
     state_flush_ms: int = 1000
     state_cache_size: int = 10_000
     linger_ms: int = 10
+    fetch_partition_mb: int = 16
     tick_seconds: float = 1.0
     output_retention_hours: float = 168.0
     session_timeout_seconds: float = 60.0
@@ -265,6 +271,9 @@ class WorkerSettings:
                 "LOOPWATCH_STATE_CACHE", d.state_cache_size, 0, 10_000_000
             ),
             "linger_ms": reader.integer("LOOPWATCH_LINGER_MS", d.linger_ms, 0, 1000),
+            "fetch_partition_mb": reader.integer(
+                "LOOPWATCH_FETCH_PARTITION_MB", d.fetch_partition_mb, 1, 1024
+            ),
             "tick_seconds": reader.number("LOOPWATCH_TICK_SECONDS", d.tick_seconds, 0.05),
             "output_retention_hours": reader.number(
                 "LOOPWATCH_OUTPUT_RETENTION_HOURS", d.output_retention_hours, 1.0

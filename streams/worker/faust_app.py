@@ -124,6 +124,9 @@ class LoopwatchService:
             broker_session_timeout=s.session_timeout_seconds,
             broker_heartbeat_interval=min(3.0, s.session_timeout_seconds / 3),
             producer_linger_ms=s.linger_ms,
+            # a backlog is read in fetches of this size per partition: with faust's 1 MiB the
+            # agents waited for records half of the time (bench: trace-keyed 14k -> 28k spans/s)
+            consumer_max_fetch_size=s.fetch_partition_mb * 1024 * 1024,
             stream_wait_empty=False,
             table_standby_replicas=0,
             logging_config=None,

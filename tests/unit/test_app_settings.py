@@ -72,6 +72,7 @@ def test_overrides() -> None:
         ("LOOPWATCH_SESSION_TIMEOUT_SECONDS", "1", ">= 6"),
         ("LOOPWATCH_WEB_URL", "worker:6066", "expected http://HOST:PORT"),
         ("LOOPWATCH_STEPS_GROUPING", "trace", "expected one of partition, run"),
+        ("LOOPWATCH_FETCH_PARTITION_MB", "0", "LOOPWATCH_FETCH_PARTITION_MB"),
     ],
 )
 def test_invalid_values_name_the_variable(name: str, value: str, match: str) -> None:

@@ -720,6 +720,9 @@ def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Pat
     }
     assert svc.worker.tables.runs is svc.runs and svc.worker.tables.finished is svc.finished
     assert svc.worker.clock.input is not None  # unkeyed: the input clock is on
+    # fetches of 16 MiB a partition by default (faust's 1 MiB starved the agents)
+    assert svc.app.conf.consumer_max_fetch_size == 16 * 1024 * 1024
+    assert built(LOOPWATCH_FETCH_PARTITION_MB="2").app.conf.consumer_max_fetch_size == 2 << 20
     keyed = built(LOOPWATCH_INPUT_KEYED_BY_RUN="true")
     assert list(keyed.app.agents) == ["detect"]  # no hop
     assert keyed.worker.clock.input is None and keyed.detect_topic_names == {
