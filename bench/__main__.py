@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     results["replay"] = replay
     checkpoints = (100_000, args.memory_spans)
     memory = replay_bench.memory_profile(args.memory_spans, args.policy, checkpoints)
+    memory["rss_mib_after_each_of_10_replays"] = leak = replay_bench.leak_check(50_000, args.policy)
     results["replay_memory"] = memory
 
     rows = [
@@ -109,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{replay['replay_spans_per_s']:,.0f} spans/s",
             f"1 core, best of {replay['rounds']}, {replay['span_path']} span path",
         ),
-        ("replay / ceiling", f"{replay['replay_to_ceiling']:.0%}", "target >= 40%"),
+        ("replay / ceiling", f"{replay['replay_to_ceiling']:.0%}", "target >= 55% and >= 100k/s"),
+        (
+            "loopwatch replay of the same corpus as OTLP JSON lines",
+            f"{replay['json_replay_spans_per_s']:,.0f} spans/s",
+            f"1 core, best of {replay['rounds']}, {replay['span_path']} span path",
+        ),
         (
             "replay corpus",
             f"{replay['spans']:,} spans, {replay['runs']:,} runs",
@@ -129,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"max active runs {memory['max_active_runs']:,}",
             )
         )
+    rows.append(
+        (
+            "replay RSS after each of 10 replays (50k spans, 1 process)",
+            f"{leak[0]:,.1f} -> {leak[-1]:,.1f} MiB",
+            f"max {max(leak):,.1f}: a leak grows it replay by replay",
+        )
+    )
     if not args.no_e2e:
         from bench import e2e_bench
 
@@ -166,6 +179,23 @@ def main(argv: list[str] | None = None) -> int:
                 "worker, backlog, 1 process, trace-keyed input (no hop)",
                 f"{keyed['worker_spans_per_s']:,.0f} spans/s",
                 f"x{keyed['worker_spans_per_s'] / one['worker_spans_per_s']:.2f} vs unkeyed",
+            ),
+            (
+                "worker CPU per span (utime + stime), unkeyed / keyed",
+                f"{one['worker_cpu_us_per_span']:,.1f} / {keyed['worker_cpu_us_per_span']:,.1f} us",
+                f"replay: {1e6 / replay['replay_spans_per_s']:,.1f} us a span (1 core)",
+            ),
+            (
+                "worker / replay spans/s, unkeyed / trace-keyed",
+                f"{one['worker_spans_per_s'] / replay['replay_spans_per_s']:.2f} / "
+                f"{keyed['worker_spans_per_s'] / replay['replay_spans_per_s']:.2f}",
+                "targets >= 0.45 / >= 0.6 (issue 14)",
+            ),
+            (
+                "trace-keyed worker / bare consume+decode of its topic",
+                f"{keyed['worker_spans_per_s'] / keyed['bare_consume_decode_spans_per_s']:.2f}",
+                f"bare: {keyed['bare_consume_decode_spans_per_s']:,.0f} spans/s; "
+                "target >= 0.5 (issue 15)",
             ),
             (
                 "worker, 2 processes, 4 partitions",

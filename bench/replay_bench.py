@@ -13,7 +13,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams import native
 from streams.engine import Engine
-from streams.otlp import decode_proto, proto_to_json_bytes
+from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_proto, proto_to_json_bytes
 from streams.otlp.json_decode import _decode_native as decode_json_native
 from streams.otlp.json_decode import decode_json_py
 from streams.otlp.proto import decode_proto_py
@@ -45,14 +45,27 @@ def decode_ceiling(
     return spans, time.perf_counter() - started
 
 
-def replay_engine(messages: list[bytes], policy_path: str) -> tuple[int, float, Engine]:
+def replay_engine(
+    messages: list[bytes], policy_path: str, encoding: str = OTLP_PROTO
+) -> tuple[int, float, Engine]:
     policy = load_policy(policy_path)
     engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
     started = time.perf_counter()
     for message in messages:
-        engine.feed_bytes(message)
+        engine.feed_bytes(message, encoding=encoding)
     engine.close()
     return engine.stats.spans, time.perf_counter() - started, engine
+
+
+def leak_check(spans: int, policy_path: str, replays: int = 10) -> list[float]:
+    """RSS (MiB) after each of `replays` replays of one corpus in this process: flat when
+    neither the engine nor the native span path keeps anything of a finished replay."""
+    messages = list(export_messages(spans, seed=5))
+    out = []
+    for _ in range(replays):
+        replay_engine(messages, policy_path)
+        out.append(round(rss_mib(), 1))
+    return out
 
 
 def state_sizes(messages: list[bytes], policy_path: str) -> list[int]:
@@ -128,6 +141,13 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         replay_s = min(replay_s, seconds)
     assert ceiling_spans == replay_spans
     json_py, json_native = json_decode_rates(messages, rounds)
+    # the same corpus replayed from OTLP JSON lines (the Collector's fileexporter)
+    lines = [proto_to_json_bytes(m) for m in messages]
+    json_replay_s = float("inf")
+    for _ in range(rounds):
+        json_spans, seconds, _engine = replay_engine(lines, policy_path, OTLP_JSON)
+        json_replay_s = min(json_replay_s, seconds)
+    assert json_spans == replay_spans
     sizes = state_sizes(messages, policy_path)
     result = {
         "spans": ceiling_spans,
@@ -142,6 +162,7 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         "json_decode_native_spans_per_s": json_native,
         "replay_spans_per_s": replay_spans / replay_s,
         "replay_to_ceiling": (replay_spans / replay_s) / (ceiling_spans / ceiling_s),
+        "json_replay_spans_per_s": json_spans / json_replay_s,
         "rounds": rounds,
         "runs": engine.stats.runs_finished,
         "looping_runs": engine.stats.looping_runs,
