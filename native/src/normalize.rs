@@ -89,6 +89,7 @@ const FIELDS: [&str; 24] = [
     "run_key",
 ];
 const NF: usize = FIELDS.len();
+#[allow(dead_code)] // the operation is read through the field plans, never by index
 const F_OPERATION: usize = 0;
 const F_TOOL_NAME: usize = 2;
 const F_CALL_ID: usize = 3;
@@ -112,7 +113,6 @@ const F_METADATA: usize = 20;
 const F_SEQUENCE: usize = 21;
 const F_TASK_TYPE: usize = 22;
 const F_RUN_KEY: usize = 23;
-const _: usize = F_OPERATION;
 
 /// Step fields in the order this module builds them (checked against detectors.model).
 pub const STEP_FIELDS: [&str; 38] = [
