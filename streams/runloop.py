@@ -199,7 +199,13 @@ class RunLoop:
 
     def deadline_for(self, env: Envelope) -> Deadline:
         seen = env.seen_ns
-        release_at = seen + self._lateness_ns if self.release_timer and env.pending else None
+        release_at = None
+        if self.release_timer and env.pending:
+            # the lateness is the fallback for a clock that does not move; a candidate
+            # arrival is vouched for by the first tick whose clock has passed it
+            release_at = seen + self._lateness_ns
+            if env.candidate is not None:
+                release_at = min(release_at, env.candidate[0])
         # root ended: grace from the last arrival; else the idle timeout
         finalize_at = seen + (self._grace_ns if env.root_end_ns is not None else self._idle_ns)
         return Deadline(env.partition, seen, release_at, finalize_at)
@@ -278,12 +284,18 @@ class RunLoop:
                 if deadline.evict:
                     sink.evicted_run()
                 continue
-            # Release: the run clock is its event time advanced by the time since its last
-            # span arrived. Past that arrival, the clock vouches for all of it.
+            # Release: past the run's last arrival the clock vouches for all of it, and the
+            # run clock is its event time advanced by the time since that arrival. Before
+            # it (a candidate's tick), what the clock vouches for, as a message would; the
+            # last arrival becomes the next candidate.
             env.vouch(now_ns)
             if now_ns >= env.seen_ns:
                 env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
-            watermark = state.max_end_ns + (now_ns - env.seen_ns)
+                watermark = state.max_end_ns + (now_ns - env.seen_ns)
+            else:
+                watermark = env.confirmed_end_ns or 0
+                if env.candidate is None:
+                    env.candidate = (env.seen_ns, state.max_end_ns)
             for finding in pipeline.release(policy, state, watermark):
                 sink.event(labelled_event(finding, state, policy))
             env.refresh(state)

@@ -189,6 +189,36 @@ def test_a_busy_run_is_released_while_the_input_clock_trails_its_arrivals() -> N
     assert worker.events and worker.events[0]["shape"] == "identical_repetition"
 
 
+def test_a_runs_last_message_is_released_once_the_input_clock_passes_its_arrival() -> None:
+    """Unkeyed input: sequenced steps of a run's last message wait for the input clock to
+    vouch for their arrival (everything in the input by then has been forwarded), as a later
+    message of the run would confirm them; not for the lateness timer (5 s here), the
+    fallback for a clock that does not move. The first tick whose clock is past the arrival
+    releases them (the bench's unkeyed events came 5-10 s after its last record)."""
+    policy = stream_policy(allowed_lateness_seconds=5, idle_timeout_seconds=600)
+    run = Run(trace=19, sequenced=True)  # contiguous steps release once vouched for
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    worker = FakeWorker(policy)
+    worker.clock = worker.now - NS  # sent while the input clock trails by a second
+    worker.feed(encode_request(run.spans))
+    assert worker.events == []  # not vouched for yet: held
+    arrival = worker.now
+    ticks = []
+    for _ in range(8):  # ticks every 0.25 s, their clock 1 s behind the wall clock
+        worker.now += NS // 4
+        clock = worker.now - NS
+        ticks.append(clock)
+        for p in sorted(worker.driver.due_partitions(clock)):
+            worker.collect(worker.driver.tick(worker.runs, worker.finished, p, clock))
+        worker.driver.apply_writes(worker.runs, worker.finished)
+        if worker.events:
+            break
+    assert [e["shape"] for e in worker.events] == ["identical_repetition"]
+    assert ticks[-1] >= arrival and ticks[-1] - arrival < NS // 4  # the first tick past it
+    assert decode_envelope(worker.runs[run.trace_id.encode()])[1].pending == []
+
+
 def test_release_timer_feeds_buffered_steps_without_a_new_span() -> None:
     policy = stream_policy(allowed_lateness_seconds=1, idle_timeout_seconds=600)
     run = Run(trace=9)
