@@ -33,10 +33,20 @@ FINGERPRINT_KEY = "integration-test-key"
 TABLES = ("runs", "finished", "loop_counts", "run_counts")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port this process has not handed out before: the kernel may give the
+    port it has just freed again, and a worker's web and metrics ports once came out equal
+    (it then exits 2: "the same port as LOOPWATCH_WEB_PORT")."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def write_policy(path: Path, **overrides: Any) -> Path:
