@@ -20,7 +20,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from bench.worker_proc import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "rules" / "loopwatch.rules.yml"
@@ -54,12 +55,6 @@ def binary(*names: str) -> str:
         f"{' / '.join(names)} not found on PATH: run scripts/install-tools.sh "
         "(Debian packages prometheus and prometheus-alertmanager)"
     )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(url: str, data: Any = None, timeout: float = 5.0) -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.worker_proc import free_port
 from detectors.errors import ConfigError
 from streams.settings import WorkerSettings
 from streams.topics import topic_specs
@@ -109,12 +110,6 @@ def run_worker(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
         text=True,
         timeout=60,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_worker_exits_2_with_one_line_when_the_broker_is_unreachable() -> None:
