@@ -87,10 +87,12 @@ class FakeWorker:
             )
         self.driver.apply_writes(self.runs, self.finished)  # after the outputs, as the agent
 
-    def advance(self, seconds: float) -> None:
+    def advance(self, seconds: float, clock_lag: float = 0.0) -> None:
+        """Wall time moves on, then a tick, its clock `clock_lag` s behind (the input clock)."""
         self.now += int(seconds * NS)
-        for p in sorted(self.driver.due_partitions(self.now)):
-            self.collect(self.driver.tick(self.runs, self.finished, p, self.now))
+        clock = self.now - int(clock_lag * NS)
+        for p in sorted(self.driver.due_partitions(clock)):
+            self.collect(self.driver.tick(self.runs, self.finished, p, clock))
         self.driver.apply_writes(self.runs, self.finished)
 
 
@@ -204,18 +206,13 @@ def test_a_runs_last_message_is_released_once_the_input_clock_passes_its_arrival
     worker.feed(encode_request(run.spans))
     assert worker.events == []  # not vouched for yet: held
     arrival = worker.now
-    ticks = []
     for _ in range(8):  # ticks every 0.25 s, their clock 1 s behind the wall clock
-        worker.now += NS // 4
-        clock = worker.now - NS
-        ticks.append(clock)
-        for p in sorted(worker.driver.due_partitions(clock)):
-            worker.collect(worker.driver.tick(worker.runs, worker.finished, p, clock))
-        worker.driver.apply_writes(worker.runs, worker.finished)
+        worker.advance(0.25, clock_lag=1)
         if worker.events:
             break
     assert [e["shape"] for e in worker.events] == ["identical_repetition"]
-    assert ticks[-1] >= arrival and ticks[-1] - arrival < NS // 4  # the first tick past it
+    clock = worker.now - NS
+    assert arrival <= clock < arrival + NS // 4  # the first tick past it
     assert decode_envelope(worker.runs[run.trace_id.encode()])[1].pending == []
 
 
