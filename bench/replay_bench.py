@@ -97,11 +97,10 @@ def memory_profile(
     return out
 
 
-def json_decode_rates(messages: list[bytes], rounds: int) -> tuple[float, float | None]:
-    """The same corpus as OTLP JSON lines (as the Collector's fileexporter writes them): the
+def json_decode_rates(lines: list[bytes], rounds: int) -> tuple[float, float | None]:
+    """The corpus as OTLP JSON lines (as the Collector's fileexporter writes them): the
     Python decoder's and the native one's bare decode rates, alternating rounds, best of each.
     Native is None when the extension is not built."""
-    lines = [proto_to_json_bytes(m) for m in messages]
     decoders: list[Callable[[bytes], list[SpanRecord]]] = [decode_json_py]
     if native.ACTIVE == "native":
         decoders.append(decode_json_native)
@@ -140,9 +139,9 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         replay_spans, seconds, engine = replay_engine(messages, policy_path)
         replay_s = min(replay_s, seconds)
     assert ceiling_spans == replay_spans
-    json_py, json_native = json_decode_rates(messages, rounds)
-    # the same corpus replayed from OTLP JSON lines (the Collector's fileexporter)
+    # the same corpus as OTLP JSON lines (the Collector's fileexporter): decode, then replay
     lines = [proto_to_json_bytes(m) for m in messages]
+    json_py, json_native = json_decode_rates(lines, rounds)
     json_replay_s = float("inf")
     for _ in range(rounds):
         json_spans, seconds, _engine = replay_engine(lines, policy_path, OTLP_JSON)
