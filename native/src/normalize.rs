@@ -89,8 +89,6 @@ const FIELDS: [&str; 24] = [
     "run_key",
 ];
 const NF: usize = FIELDS.len();
-#[allow(dead_code)] // the operation is read through the field plans, never by index
-const F_OPERATION: usize = 0;
 const F_TOOL_NAME: usize = 2;
 const F_CALL_ID: usize = 3;
 const F_ARGUMENTS: usize = 4;
