@@ -12,6 +12,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 mod digest;
 mod json;
 mod normalize;
+mod packing;
 mod pyval;
 mod wire;
 
@@ -29,7 +30,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 4;
+const API: u32 = 5;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 
@@ -336,5 +337,6 @@ fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schema, m)?)?;
     m.add_class::<digest::Digests>()?;
     m.add_class::<normalize::SpanPath>()?;
+    m.add_class::<packing::StateWriter>()?;
     Ok(())
 }

@@ -18,6 +18,7 @@ value whose checksum, lengths or structure do not add up, raises DecodeError.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
@@ -37,7 +38,7 @@ from detectors.state import (
     RunState,
 )
 from streams.errors import DecodeError
-from streams.worker.packing import FORMAT_PACKED, Layout, Reader, Writer
+from streams.worker.packing import FORMAT_PACKED, Layout, Reader, Writer, new_writer
 
 FORMAT_JSON = ord("{")  # format 1: RunState.to_dict() as JSON
 
@@ -109,9 +110,10 @@ _get_plain, _get_times, _get_flags = (attrgetter(*names) for names in (_PLAIN, _
 _SPECIAL = ("run_id", "trace_id", "dedup", "pending", "last_key", "unresolved", "window", "streak")
 
 
-def encode_state(state: RunState) -> bytes:
-    """The state in format 2 (exact: decode_state gives an equal RunState back)."""
-    w = Writer()
+def encode_state(state: RunState, make_writer: Callable[[], Writer] = new_writer) -> bytes:
+    """The state in format 2 (exact: decode_state gives an equal RunState back).
+    `make_writer`: packing.Writer to use the reference writer whatever path is active."""
+    w = make_writer()
     w.column([state.run_id])
     w.item(None if state.trace_id == state.run_id else state.trace_id)  # usually equal
     w.item(_get_plain(state))
@@ -123,7 +125,7 @@ def encode_state(state: RunState) -> bytes:
     w.column(list(state.dedup.values()))
     keys = list(state.dedup)
     w.column(keys)
-    w.ids = dict(zip(keys, range(len(keys)), strict=True))  # later span ids refer to these
+    w.set_ids(keys)  # later span ids refer to these
     w.rows(state.window, _WINDOW)
     w.record(state.last_key)
     w.record(state.streak)

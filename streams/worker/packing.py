@@ -28,8 +28,9 @@ import struct
 import zlib
 from functools import lru_cache
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+from streams import native
 from streams.errors import DecodeError
 
 FORMAT_PACKED = 2
@@ -39,6 +40,7 @@ _INTS = (("b", 1 << 7), ("h", 1 << 15), ("i", 1 << 31), ("q", 1 << 63))  # (code
 _INT_SIZE = {"b": 1, "h": 2, "i": 4, "q": 8, "B": 1, "H": 2, "I": 4}
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _JSON = json.JSONEncoder(separators=(",", ":"))  # ASCII: lone surrogates survive
+_NATIVE_WRITER = getattr(native.EXT, "StateWriter", None)
 _INT_T, _STR_T, _BOOL_T, _LIST_T, _NONE_T = {int}, {str}, {bool}, {list}, {type(None)}
 
 
@@ -47,6 +49,15 @@ class Layout(NamedTuple):
 
     width: int
     groups: tuple[tuple[int, ...], ...]
+
+
+def new_writer() -> Writer:
+    """The writer encode_state uses: loopwatch_native.StateWriter (the same methods and
+    bytes, compiled: tests/unit/test_native_packing.py) when the native path is active,
+    else `Writer`, the reference."""
+    if _NATIVE_WRITER is None:
+        return Writer()
+    return cast(Writer, _NATIVE_WRITER(_JSON.encode))
 
 
 class Writer:
@@ -62,6 +73,10 @@ class Writer:
 
     def item(self, value: Any) -> None:
         self.items.append(value)
+
+    def set_ids(self, keys: list[str]) -> None:
+        """Later span id columns refer to these (the dedup map's keys, in order)."""
+        self.ids = dict(zip(keys, range(len(keys)), strict=True))
 
     def finish(self) -> bytes:
         text = _JSON.encode(["".join(self.kinds), list(self.strs), len(self.refs), *self.items])
