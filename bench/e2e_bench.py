@@ -215,6 +215,28 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
     }
 
 
+def best_of_rounds(
+    rounds: int, kinds: dict[str, dict[str, Any]], total_spans: int
+) -> dict[str, dict[str, Any]]:
+    """`throughput` for each kind (its keyword arguments), in `rounds` alternating rounds:
+    per kind the round with the most worker spans/s, its bare consume+decode rate the best
+    of the rounds (a ceiling, as the replay's), and every round's rate."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in kinds}
+    for _ in range(max(1, rounds)):
+        for name, kwargs in kinds.items():
+            runs[name].append(throughput(total_spans, **kwargs))
+    out = {}
+    for name, got in runs.items():
+        best = dict(max(got, key=lambda r: r["worker_spans_per_s"]))
+        best["bare_consume_decode_spans_per_s"] = max(
+            r["bare_consume_decode_spans_per_s"] for r in got
+        )
+        best["rounds_spans_per_s"] = [r["worker_spans_per_s"] for r in got]
+        best["rounds_cpu_us_per_span"] = [r["worker_cpu_us_per_span"] for r in got]
+        out[name] = best
+    return out
+
+
 def _wait_all(procs: list[WorkerProc], key: str, value: int, timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
