@@ -1815,6 +1815,7 @@ impl SpanPath {
         py: Python<'py>,
         span: &Span<'_>,
         o: Out,
+        shared: &mut Shared<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         fn opt<'py>(py: Python<'py>, s: Option<String>) -> Bound<'py, PyAny> {
             match s {
@@ -1822,13 +1823,30 @@ impl SpanPath {
                 None => py.None().into_bound(py),
             }
         }
+        // the values the spans of a request mostly share: one str object each
+        let mut one = |x: Option<&str>| match x {
+            Some(x) => shared.get(py, x),
+            None => py.None().into_bound(py),
+        };
+        let run_id = one(Some(&o.run_id));
+        let trace_id = one(Some(&span.trace_id));
+        let parent = one(span.parent.as_deref());
+        let name = one(Some(&o.name));
+        let tool_version = one(o.tool_version.as_deref());
+        let prompt_version = one(o.prompt_version.as_deref());
+        let agent_name = one(o.agent_name.as_deref());
+        let service_name = one(o.service_name.as_deref());
+        let session_id = one(o.session_id.as_deref());
+        let task_type = one(o.task_type.as_deref());
+        let from_agent = one(o.from_agent.as_deref());
+        let to_agent = one(o.to_agent.as_deref());
         let s = |x: &str| PyString::new(py, x).into_any();
         let b = |x: bool| pyo3::types::PyBool::new(py, x).to_owned().into_any();
         let items: Vec<Bound<'py, PyAny>> = vec![
-            s(&o.run_id),
-            s(&span.trace_id),
+            run_id,
+            trace_id,
             s(&span.span_id),
-            opt(py, span.parent.clone()),
+            parent,
             pyo3::intern!(py, "x").clone().into_any(), // replaced below
             span.start.into_pyobject(py)?.into_any(),
             span.end.into_pyobject(py)?.into_any(),
@@ -1837,14 +1855,14 @@ impl SpanPath {
                 None => py.None().into_bound(py),
             },
             s(&o.content_digest),
-            s(&o.name),
+            name,
             opt(py, o.call_id),
-            opt(py, o.tool_version),
-            opt(py, o.prompt_version),
-            opt(py, o.agent_name),
-            opt(py, o.service_name),
-            opt(py, o.session_id),
-            opt(py, o.task_type),
+            tool_version,
+            prompt_version,
+            agent_name,
+            service_name,
+            session_id,
+            task_type,
             opt(py, o.action_fp),
             opt(py, o.result_fp),
             opt(py, o.error_code),
@@ -1859,8 +1877,8 @@ impl SpanPath {
             PyTuple::new(py, o.item_fps.iter().map(|x| PyString::new(py, x)))?.into_any(),
             opt(py, o.business_fp),
             opt(py, o.idempotency_fp),
-            opt(py, o.from_agent),
-            opt(py, o.to_agent),
+            from_agent,
+            to_agent,
             opt(py, o.plan_fp),
             o.input_tokens.into_pyobject(py)?.into_any(),
             o.output_tokens.into_pyobject(py)?.into_any(),
@@ -1886,6 +1904,25 @@ impl SpanPath {
         .clone()
         .into_any();
         self.step_cls.bind(py).call1(PyTuple::new(py, items)?)
+    }
+}
+
+/// One Python str per distinct value within a request (run and trace ids, names, labels):
+/// the steps of a run hold the same few values, and a new str for each field of each step
+/// was an allocation the run's state then kept.
+#[derive(Default)]
+struct Shared<'py> {
+    strs: HashMap<String, Bound<'py, PyString>>,
+}
+
+impl<'py> Shared<'py> {
+    fn get(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyAny> {
+        if let Some(s) = self.strs.get(text) {
+            return s.clone().into_any();
+        }
+        let s = PyString::new(py, text);
+        self.strs.insert(text.to_string(), s.clone());
+        s.into_any()
     }
 }
 
@@ -2073,6 +2110,7 @@ impl SpanPath {
                 }
             }
         }
+        let mut shared = Shared::default();
         let mut order: Vec<(String, Vec<Bound<'py, PyAny>>)> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::default();
         let mut invalid = 0usize;
@@ -2136,7 +2174,7 @@ impl SpanPath {
                         Ok(Ok(o)) => {
                             let run_id = o.run_id.clone();
                             let end = span.end;
-                            let step = self.to_python(py, &span, o)?;
+                            let step = self.to_python(py, &span, o, &mut shared)?;
                             match index.get(&run_id) {
                                 Some(&i) => order[i].1.push(step),
                                 None => {
@@ -2154,7 +2192,7 @@ impl SpanPath {
         }
         let by_run = PyDict::new(py);
         for (run_id, steps) in order {
-            by_run.set_item(run_id, PyList::new(py, steps)?)?;
+            by_run.set_item(shared.get(py, &run_id), PyList::new(py, steps)?)?;
         }
         if n == 0 {
             first_end = 0;
