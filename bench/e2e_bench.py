@@ -98,10 +98,6 @@ def _wait_health(worker: WorkerProc, key: str, value: int, timeout: float) -> fl
     )
 
 
-def _first_activity(worker: WorkerProc, timeout: float) -> float:
-    return _wait_health(worker, "spans", 1, timeout)
-
-
 def _rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -191,7 +187,9 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
                 proc.start()
             for proc in procs:
                 proc.wait_ready(120)
-            started = min(_first_activity(p, 120) for p in procs)
+            # the first record any worker takes: a worker that joins late may find the
+            # backlog of its partitions already taken (fast workers, small corpora)
+            started = _wait_all(procs, "spans", 1, 120)
             cpu_started = sum(_cpu_s(p.proc.pid) for p in procs if p.proc)
             done = _wait_all(procs, "records", len(messages), 600)
             events_done = _wait_all(procs, "events", expected_events, 120)
@@ -247,7 +245,14 @@ def _wait_all(procs: list[WorkerProc], key: str, value: int, timeout: float) -> 
         if total >= value:
             return time.time()
         time.sleep(0.05)
-    raise RuntimeError(f"workers did not reach {key} >= {value} within {timeout} s")
+    seen = []
+    for proc in procs:
+        status, doc = proc.api("/healthz")
+        counts = {k: doc.get(k) for k in ("records", "spans", "events", "runs_finished")}
+        seen.append(f"{proc.app_id} {status} {counts}\n{proc.log_tail(15)}")
+    raise RuntimeError(
+        f"workers did not reach {key} >= {value} within {timeout} s:\n" + "\n".join(seen)
+    )
 
 
 def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str, Any]:
