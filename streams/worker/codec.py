@@ -8,7 +8,7 @@ Format 2 (first byte 0x02):
 
 J is a compact JSON array ``[kinds, strings, n_refs, *items]``; B holds the references into the
 string pool `strings` (u8, or u16 past 256 entries), then the binary columns. How columns
-are written and read: streams/worker/packing.py.
+are written: streams/worker/packing.py; read: streams/worker/unpacking.py.
 
 A value starting with '{' is format 1, the JSON of RunState.to_dict() that earlier versions
 wrote: still read, and the run's next update writes it back in format 2. Anything else, or a
@@ -38,7 +38,8 @@ from detectors.state import (
     RunState,
 )
 from streams.errors import DecodeError
-from streams.worker.packing import FORMAT_PACKED, Layout, Reader, Writer, new_writer
+from streams.worker.packing import FORMAT_PACKED, Layout, Writer, new_writer
+from streams.worker.unpacking import Reader
 
 FORMAT_JSON = ord("{")  # format 1: RunState.to_dict() as JSON
 

@@ -10,7 +10,7 @@ Topology (contracts.md §1, §6; architecture.md "The flow")::
                             (digest + headers)
 
 The parts, one concern each (streams/worker/): formats.py (internal topic messages),
-store.py + codec.py + packing.py (table values), driver.py (`RunDriver`: the run loop of
+store.py + codec.py + packing.py + unpacking.py (table values), driver.py (`RunDriver`: the run loop of
 streams/runloop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
 skips.py (records the stream skipped), clock.py (the deadline / input clock), ingest.py,
 detect.py, timers.py (one per agent), api.py + views.py (the on-call API), broker.py (the
