@@ -56,6 +56,9 @@ log = logging.getLogger("loopwatch.worker")
 STALLED_SECONDS = 60.0
 # the exit status after a failed table write (a full disk): a restart recovers
 FATAL_EXIT_STATUS = 3
+# ... and how long /readyz answers 503 with the reason before the stop closes the web
+# server: a probe or a scrape in that moment sees why, not only a closed port
+FATAL_HOLD_SECONDS = 2.0
 
 COUNTERS = (
     "records",
@@ -122,6 +125,7 @@ class Worker:
         self.state_dir_error: str | None = None
         self.crashed: dict[str, str] = {}  # agent -> the error that ended it
         self.fatal: str | None = None  # a table write failed: the worker is stopping
+        self.fatal_hold_seconds = FATAL_HOLD_SECONDS
         self.request_stop = request_stop  # SIGTERM to itself: the bounded stop
         self._progress = (-1, time.monotonic())  # (records + detect batches, when it changed)
         self.publisher = Publisher(
@@ -206,7 +210,8 @@ class Worker:
             self.metrics.forget_consumer_lag(tp.topic, tp.partition)
 
     def state_write_failed(self, error: str) -> None:
-        """A table write failed (a full disk): stop, exit status 3. The batch is not
+        """A table write failed (a full disk): stop after FATAL_HOLD_SECONDS (not ready
+        meanwhile), exit status 3. The batch is not
         acknowledged, so its records are processed again after the restart; with the disk
         still full the restart is one line and exit status 2 (statedir.prepare)."""
         if self.fatal is not None:
@@ -218,7 +223,15 @@ class Worker:
             error,
             FATAL_EXIT_STATUS,
         )
-        self.request_stop()
+        # nothing more is processed meanwhile: detect holds its lock until the stop
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self.fatal_hold_seconds <= 0:
+            self.request_stop()
+        else:
+            loop.call_later(self.fatal_hold_seconds, self.request_stop)
 
     @contextlib.contextmanager
     def agent_running(self, name: str) -> Iterator[None]:

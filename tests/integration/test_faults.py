@@ -409,7 +409,7 @@ def test_disk_full_while_processing(expected: Oracle, tmp_path: Path) -> None:
             except OSError:
                 pass
             # the 503 lasts from the failed write until faust closes its web server during
-            # the stop: a 0.1 s poll missed it once in CI
+            # the stop, which the worker holds back FATAL_HOLD_SECONDS (2 s) for this
             time.sleep(0.02)
         text = worker.log_path.read_text(errors="replace")
         assert worker.proc.returncode == 3, worker.log_tail()

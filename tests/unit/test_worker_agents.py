@@ -918,6 +918,7 @@ async def test_a_failed_state_write_stops_the_worker_unacked(
     stops: list[int] = []
     service = make(LOOPWATCH_STATE_FLUSH_MS="0")  # each batch written at once
     service.request_stop = lambda: stops.append(1)
+    service.fatal_hold_seconds = 0.2
     runs = [looping_run(t) for t in (1, 2)]
     await service.ingest.record(
         Ev(Msg("otlp_spans", 0, 7, None, encode_request([s for r in runs for s in r.spans]), 123.0))
@@ -938,9 +939,9 @@ async def test_a_failed_state_write_stops_the_worker_unacked(
     for _ in range(50):
         await asyncio.sleep(0.01)
     assert not agent.done()  # held until the stop cancels it
+    assert stops == [1]  # after the hold (0.2 s), not ready meanwhile
     agent.cancel()
     assert stream.acked == []
-    assert stops == [1]
     assert service.counters["detect_batches"] == 1  # the first; the later one never
     assert len(service.topics["events"].sent) == 2  # (its loops only: none of `later`'s)
     status, reasons = service.readiness()
@@ -948,6 +949,29 @@ async def test_a_failed_state_write_stops_the_worker_unacked(
     assert any(
         r.startswith("table state write failed (Exception: IO error: No space") for r in reasons
     )
+
+
+async def test_after_a_failed_state_write_readiness_says_why_until_the_stop(
+    service: Any,
+) -> None:
+    """The stop is asked for FATAL_HOLD_SECONDS after the failure, once however often
+    writes fail meanwhile, and /readyz answers not ready with the reason all along: the
+    stop closes the web server, and a probe that came in the first milliseconds saw only
+    a closed port."""
+    stops: list[float] = []
+    service.request_stop = lambda: stops.append(time.monotonic())
+    service.fatal_hold_seconds = 0.3
+    failed_at = time.monotonic()
+    service.state_write_failed("OSError: No space left on device")
+    service.state_write_failed("OSError: No space left on device")
+    while not stops:
+        assert time.monotonic() - failed_at < 5
+        status, reasons = service.readiness()
+        assert status == "not_ready"
+        assert any(r.startswith("table state write failed (OSError: No space") for r in reasons)
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.4)
+    assert len(stops) == 1 and stops[0] - failed_at >= 0.3
 
 
 async def test_a_failed_flush_of_staged_state_stops_the_worker_unacked(
@@ -958,6 +982,7 @@ async def test_a_failed_flush_of_staged_state_stops_the_worker_unacked(
     stops: list[int] = []
     service = make(LOOPWATCH_STATE_FLUSH_MS="60000")
     service.request_stop = lambda: stops.append(1)
+    service.fatal_hold_seconds = 0.0  # the stop at once
     first, second = await two_parts_of_one_run(service, 46)
     service.detect.stream = stream = FakeStream()
     await service.detect.batch([first])
