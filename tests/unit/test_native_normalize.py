@@ -46,21 +46,14 @@ from streams.otlp.proto import decode_proto_py
 from streams.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
 from streams.runloop import group_steps
 from streams.worker.ingest import InputReader
+from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
 from tests.unit.test_native_json import TOKENS, dumps
 from tests.unit.test_native_json import request as json_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 
-try:  # the extension itself: CI's fallback pass (LOOPWATCH_NATIVE=0) still compares them
-    import loopwatch_native as EXT
-except ImportError:  # pragma: no cover - the fallback-only installation
-    EXT = None
-
-pytestmark = pytest.mark.skipif(
-    EXT is None and os.environ.get("LOOPWATCH_REQUIRE_NATIVE") != "1",
-    reason="loopwatch_native is not built",
-)
+pytestmark = requires_native
 
 DIFF = settings(
     max_examples=int(os.environ.get("LOOPWATCH_DIFF_EXAMPLES", "80")),

@@ -28,16 +28,9 @@ from streams.otlp import decode_proto
 from streams.worker import packing
 from streams.worker.codec import _DOCS, _WINDOW, decode_state, encode_state
 from streams.worker.packing import Layout, Writer
+from tests.native_ext import EXT, requires_native
 
-try:  # the extension itself: CI's fallback pass (LOOPWATCH_NATIVE=0) still compares them
-    import loopwatch_native as EXT
-except ImportError:  # pragma: no cover - the fallback-only installation
-    EXT = None
-
-pytestmark = pytest.mark.skipif(
-    EXT is None and os.environ.get("LOOPWATCH_REQUIRE_NATIVE") != "1",
-    reason="loopwatch_native is not built",
-)
+pytestmark = requires_native
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
