@@ -807,13 +807,9 @@ def test_the_steps_of_a_request_share_one_str_per_repeated_value() -> None:
     was about a third of a retained step (1,074 -> 730 bytes on the bench corpus)."""
     from bench.corpus import export_messages
 
-    policy = load_policy(ROOT / "examples" / "loopwatch.yaml")
-    span_path = native_spec.build(policy, Fingerprinter(b"k"))
-    assert span_path is not None
-    message = next(iter(export_messages(2_000, seed=3)))
-    batch = native_spec.normalize(span_path, message)
-    assert batch is not None
-    runs = [steps for steps in batch.by_run.values() if len(steps) > 1]
+    path = span_path(load_policy(ROOT / "examples" / "loopwatch.yaml"), b"k")
+    by_run = path.normalize(next(iter(export_messages(2_000, seed=3))))[0]
+    runs = [steps for steps in by_run.values() if len(steps) > 1]
     assert runs
     for steps in runs:
         for name in ("run_id", "trace_id", "service_name", "prompt_version"):
