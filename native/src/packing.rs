@@ -96,8 +96,7 @@ pub struct StateWriter {
     kinds: String,
     items: Py<PyList>,
     data: Vec<u8>,
-    strs: Py<PyDict>, // string pool: entry -> index, in first-seen order
-    pool: Py<PyList>, // the same entries, in order
+    strs: Py<PyDict>, // string pool: entry -> index, in first-seen order (a dict keeps it)
     refs: Vec<u32>,
     ids: Py<PyDict>,   // the dedup map's span ids -> index
     encode: Py<PyAny>, // the reference's JSON encoder (`_JSON.encode`)
@@ -252,7 +251,6 @@ impl StateWriter {
             }
         }
         let pool = self.strs.bind(py);
-        let order = self.pool.bind(py);
         let start = pool.len();
         let mut indexes: Vec<u32> = Vec::with_capacity(values.len());
         for s in strings {
@@ -261,7 +259,6 @@ impl StateWriter {
                 None => {
                     let i = pool.len();
                     pool.set_item(s, i)?;
-                    order.append(s)?;
                     indexes.push(i as u32);
                 }
             }
@@ -354,7 +351,6 @@ impl StateWriter {
             items: PyList::empty(py).unbind(),
             data: Vec::new(),
             strs: PyDict::new(py).unbind(),
-            pool: PyList::empty(py).unbind(),
             refs: Vec::new(),
             ids: PyDict::new(py).unbind(),
             encode,
@@ -464,7 +460,7 @@ impl StateWriter {
     fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let head = PyList::empty(py);
         head.append(PyString::new(py, &self.kinds))?;
-        head.append(PyList::new(py, self.pool.bind(py).iter())?)?;
+        head.append(self.strs.bind(py).keys())?;
         head.append(self.refs.len())?;
         for item in self.items.bind(py).iter() {
             head.append(item)?;
@@ -473,7 +469,7 @@ impl StateWriter {
         let j = text.downcast::<PyString>()?.to_str()?.as_bytes().to_vec();
         let mut body: Vec<u8> = Vec::with_capacity(j.len() + self.refs.len() * 2 + self.data.len());
         body.extend_from_slice(&j);
-        pack_refs(&self.refs, self.pool.bind(py).len(), &mut body);
+        pack_refs(&self.refs, self.strs.bind(py).len(), &mut body);
         body.extend_from_slice(&self.data);
         let mut out: Vec<u8> = Vec::with_capacity(9 + body.len());
         out.push(FORMAT_PACKED);
