@@ -217,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
                 "target >= 0.5 (issue 15)",
             ),
             (
+                "faust's own floor: an agent that only takes and acks the trace-keyed records",
+                f"{keyed['faust_floor_spans_per_s']:,.0f} spans/s",
+                f"keyed worker / floor {keyed['worker_spans_per_s'] / keyed['faust_floor_spans_per_s']:.2f}; "
+                f"{1e6 / keyed['faust_floor_spans_per_s']:,.1f} us a span before any work "
+                "(bench/faust_floor.py)",
+            ),
+            (
                 "worker, 2 processes, 4 partitions",
                 f"{two['worker_spans_per_s']:,.0f} spans/s",
                 f"best of {_spread(two)}; "

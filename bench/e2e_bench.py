@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.corpus import export_messages
-from bench.kafka import bootstrap, create_topics
+from bench.kafka import admin_client, bootstrap, create_topics, delete_topics
 from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
@@ -143,6 +145,49 @@ def bare_consume_decode(topic: str, n_messages: int) -> float:
     return spans / elapsed
 
 
+def faust_floor(proc: WorkerProc, topic: str, n_records: int, timeout: float = 180.0) -> float:
+    """Records/s of bench/faust_floor.py's counting agent over `topic`, with `proc`'s
+    settings: faust's own cost, under any worker built on its stream."""
+    floor = subprocess.Popen(
+        [sys.executable, "-m", "bench.faust_floor", topic, str(n_records)],
+        cwd=proc.env["PYTHONPATH"],
+        env=proc.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert floor.stdout is not None
+        line = _read_line(floor.stdout, timeout)
+        if line is None:
+            raise RuntimeError(f"faust floor: no result within {timeout} s")
+        doc = json.loads(line)
+        return float(doc["records"]) / float(doc["seconds"])
+    finally:
+        floor.kill()
+        floor.wait(10)
+        leader = f"{proc.app_id}-floor-__assignor-__leader"
+        if leader in admin_client().list_topics(timeout=10).topics:
+            delete_topics([leader])
+
+
+def _read_line(stream: Any, timeout: float) -> bytes | None:
+    """The JSON object on the first line of `stream` that holds one (faust's terminal
+    handling may print before it, on the same line)."""
+    got: list[bytes] = []
+
+    def read() -> None:
+        for line in iter(stream.readline, b""):
+            at = line.find(b'{"')
+            if at >= 0:
+                got.append(line[at:])
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return got[0] if got else None
+
+
 def keyed_by_trace(messages: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     """The messages as the Collector's kafkaexporter sends them with partition_traces_by_id:
     one record per (resource, scope, trace), keyed by the hex trace id."""
@@ -196,6 +241,9 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
             cpu = sum(_cpu_s(p.proc.pid) for p in procs if p.proc) - cpu_started
             rss = [round(_rss_mib(p.proc.pid), 1) for p in procs if p.proc]
             ceiling = bare_consume_decode(procs[0].topics["input"], len(messages))
+            floor_records = (
+                faust_floor(procs[0], procs[0].topics["input"], len(messages)) if keyed else None
+            )
         finally:
             for proc in procs:
                 proc.cleanup()
@@ -208,6 +256,10 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
         "worker_spans_per_s": spans / (max(done, events_done) - started),
         "worker_cpu_us_per_span": cpu * 1e6 / spans,
         "bare_consume_decode_spans_per_s": ceiling,
+        # records/s -> spans/s at this corpus' spans per record
+        "faust_floor_spans_per_s": (
+            floor_records * spans / len(messages) if floor_records is not None else None
+        ),
         "expected_events": expected_events,
         "rss_mib": rss,
     }
@@ -229,6 +281,8 @@ def best_of_rounds(
         best["bare_consume_decode_spans_per_s"] = max(
             r["bare_consume_decode_spans_per_s"] for r in got
         )
+        floors = [r["faust_floor_spans_per_s"] for r in got if r["faust_floor_spans_per_s"]]
+        best["faust_floor_spans_per_s"] = max(floors) if floors else None
         best["rounds_spans_per_s"] = [r["worker_spans_per_s"] for r in got]
         best["rounds_cpu_us_per_span"] = [r["worker_cpu_us_per_span"] for r in got]
         out[name] = best
