@@ -74,6 +74,7 @@ def test_overrides() -> None:
         ("LOOPWATCH_WEB_URL", "worker:6066", "expected http://HOST:PORT"),
         ("LOOPWATCH_STEPS_GROUPING", "trace", "expected one of partition, run"),
         ("LOOPWATCH_FETCH_PARTITION_MB", "0", "LOOPWATCH_FETCH_PARTITION_MB"),
+        ("LOOPWATCH_PRODUCER_BATCH_KB", "1024", "from 16 to 960"),
     ],
 )
 def test_invalid_values_name_the_variable(name: str, value: str, match: str) -> None:

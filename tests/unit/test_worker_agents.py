@@ -724,6 +724,9 @@ def test_the_faust_service_wires_a_worker_to_its_topics_and_tables(tmp_path: Pat
     # fetches of 16 MiB a partition by default (faust's 1 MiB starved the agents)
     assert svc.app.conf.consumer_max_fetch_size == 16 * 1024 * 1024
     assert built(LOOPWATCH_FETCH_PARTITION_MB="2").app.conf.consumer_max_fetch_size == 2 << 20
+    # producer batches of 256 KiB (faust's 16 KiB holds 9 run states of the changelog)
+    assert svc.app.conf.producer_max_batch_size == 256 * 1024
+    assert built(LOOPWATCH_PRODUCER_BATCH_KB="64").app.conf.producer_max_batch_size == 64 << 10
     keyed = built(LOOPWATCH_INPUT_KEYED_BY_RUN="true")
     assert list(keyed.app.agents) == ["detect"]  # no hop
     assert keyed.worker.clock.input is None and keyed.detect_topic_names == {
