@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -309,17 +310,22 @@ def best_of_rounds(
     return out
 
 
+def _all_out(expected_ids: set[str]) -> Callable[[list[Any]], bool]:
+    """For WorkerProc.read: whether these event records hold every one of `expected_ids`."""
+
+    def check(records: list[Any]) -> bool:
+        return expected_ids <= {json.loads(r.value())["event_id"] for r in records}
+
+    return check
+
+
 def _replay_events_out(proc: WorkerProc, expected_ids: set[str], timeout: float) -> float:
     """When the last of the replay's events was first published (its record's timestamp),
     read from the events topic. Counting the workers' `events` instead overstated two
     workers' rate: after a rebalance both publish copies of some events (at least once),
     and the sum reached the replay's count before the last distinct one was out."""
-
-    def all_out(records: list[Any]) -> bool:
-        return expected_ids <= {json.loads(r.value())["event_id"] for r in records}
-
     first: dict[str, float] = {}
-    for record in proc.read("events", until=all_out, timeout=timeout):
+    for record in proc.read("events", until=_all_out(expected_ids), timeout=timeout):
         event_id = json.loads(record.value())["event_id"]
         if event_id in expected_ids and event_id not in first:
             first[event_id] = record.timestamp()[1] / 1000
@@ -382,11 +388,7 @@ def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str,
             producer_thread.start()
             producer_thread.join()
 
-            def all_expected(records: list[Any]) -> bool:
-                ids = {json.loads(r.value())["event_id"] for r in records}
-                return expected_ids <= ids
-
-            records = worker.read("events", until=all_expected, timeout=120)
+            records = worker.read("events", until=_all_out(expected_ids), timeout=120)
             for record in records:
                 event = json.loads(record.value())
                 if event["event_id"] in published:

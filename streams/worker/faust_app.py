@@ -51,6 +51,23 @@ def rocksdb_memory(tables: Iterable[Any]) -> dict[str, int]:
     return out
 
 
+def consumer_conf(s: Any) -> dict[str, Any]:
+    """How the worker's faust app reads and commits (also bench/faust_floor.py's, which
+    measures faust's own cost under the worker with exactly these)."""
+    return {
+        "broker": s.broker_url,
+        "processing_guarantee": "at_least_once",
+        "consumer_auto_offset_reset": "earliest",
+        "broker_commit_interval": 1.0,
+        "broker_session_timeout": s.session_timeout_seconds,
+        "broker_heartbeat_interval": min(3.0, s.session_timeout_seconds / 3),
+        # a backlog is read in fetches of this size per partition: with faust's 1 MiB the
+        # agents waited for records half of the time (bench: trace-keyed 14k -> 28k spans/s)
+        "consumer_max_fetch_size": s.fetch_partition_mb * 1024 * 1024,
+        "stream_wait_empty": False,
+    }
+
+
 @contextlib.contextmanager
 def _in_event(event: Any) -> Iterator[None]:
     """Make `event` faust's current event: table writes go to its partition.
@@ -103,13 +120,10 @@ class LoopwatchService:
         s.data_path.mkdir(parents=True, exist_ok=True)
         self.app: Any = cast(Any, faust.App)(
             s.app_id,
-            broker=s.broker_url,
             store=s.store,
             datadir=str(s.data_path / "{conf.id}"),
-            processing_guarantee="at_least_once",
             topic_partitions=detect_partitions,
             topic_replication_factor=s.replication_factor,
-            consumer_auto_offset_reset="earliest",
             web_enabled=True,
             web_bind=s.web_host,
             web_host=s.web_host,
@@ -120,19 +134,13 @@ class LoopwatchService:
             web_stats_enabled=False,
             web_graph_enabled=False,
             web_metrics_enabled=False,
-            broker_commit_interval=1.0,
-            broker_session_timeout=s.session_timeout_seconds,
-            broker_heartbeat_interval=min(3.0, s.session_timeout_seconds / 3),
             producer_linger_ms=s.linger_ms,
             # batches of 16 KiB (faust's default) hold 9 run states of the changelog, and
             # aiokafka's sender costs per batch: 39 -> 13 us of CPU a 1.8 kB record at 256 KiB
             producer_max_batch_size=s.producer_batch_kb * 1024,
-            # a backlog is read in fetches of this size per partition: with faust's 1 MiB the
-            # agents waited for records half of the time (bench: trace-keyed 14k -> 28k spans/s)
-            consumer_max_fetch_size=s.fetch_partition_mb * 1024 * 1024,
-            stream_wait_empty=False,
             table_standby_replicas=0,
             logging_config=None,
+            **consumer_conf(s),
         )
         app = self.app
         raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
