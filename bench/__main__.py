@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from bench import replay_bench
+from bench import order_bench, replay_bench
+from bench.corpus import export_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--memory-spans", type=int, default=1_000_000, help="spans streamed for the memory profile"
+    )
+    parser.add_argument(
+        "--order-spans",
+        type=int,
+        default=200_000,
+        help="corpus replayed in time order and shuffled, each in its own process",
     )
     parser.add_argument("--policy", default=str(ROOT / "examples" / "loopwatch.yaml"))
     parser.add_argument(
@@ -76,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     memory = replay_bench.memory_profile(args.memory_spans, args.policy, checkpoints)
     memory["rss_mib_after_each_of_10_replays"] = leak = replay_bench.leak_check(50_000, args.policy)
     results["replay_memory"] = memory
+    # the same corpus in time order and shuffled (random batches, 30% re-sent), 2 files each
+    order = order_bench.order_cost(list(export_messages(args.order_spans, seed=3)))
+    results["replay_order"] = order
 
     rows = [
         (
@@ -145,7 +155,17 @@ def main(argv: list[str] | None = None) -> int:
             (
                 f"replay RSS after {int(at):,} spans",
                 f"{mib:,.1f} MiB",
-                f"max active runs {memory['max_active_runs']:,}",
+                f"held {memory['held_steps_peak']:,} steps at most, spilled "
+                f"{memory['spilled_steps']:,} ({memory['spill_mib']:,.1f} MiB on disk)",
+            )
+        )
+    for name in ("in order", "shuffled"):
+        rows.append(
+            (
+                f"replay process, {order['spans']:,} spans {name}",
+                f"{order['seconds'][name]:,.2f} s, peak RSS {order['peak_rss_mib'][name]:,.1f} MiB",
+                f"{order['events'][name]:,} events"
+                + (", the same both ways" if order["same_events"] else ", DIFFERENT"),
             )
         )
     rows.append(

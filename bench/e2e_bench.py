@@ -30,9 +30,9 @@ from bench.replay_bench import replay_engine
 from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
-from streams.engine import Engine
 from streams.otlp import decode_proto
 from streams.produce import split_by_trace
+from streams.replay import Replay
 
 PARTITIONS = 4
 
@@ -75,7 +75,7 @@ def _produce(
 def _replay_expectation(messages: list[bytes]) -> tuple[set[str], dict[str, int], list[int]]:
     """Event ids the replay finds on these messages, span id -> message index, spans/message."""
     events: list[dict[str, Any]] = []
-    engine = Engine(
+    replay = Replay(
         load_policy(EXAMPLE_POLICY), Fingerprinter(FINGERPRINT_KEY.encode()), events.append
     )
     where: dict[str, int] = {}
@@ -85,8 +85,8 @@ def _replay_expectation(messages: list[bytes]) -> tuple[set[str], dict[str, int]
         counts.append(len(spans))
         for span in spans:
             where[span.span_id] = i
-        engine.feed(spans)
-    engine.close()
+        replay.feed(spans)
+    replay.close()
     return {e["event_id"] for e in events}, where, counts
 
 
@@ -99,7 +99,7 @@ def replay_rate(messages: list[bytes], rounds: int = 3) -> float:
     best = float("inf")
     spans = 0
     for _ in range(rounds):
-        spans, seconds, _engine = replay_engine(messages, str(EXAMPLE_POLICY))
+        spans, seconds, _replay = replay_engine(messages, str(EXAMPLE_POLICY))
         best = min(best, seconds)
     return spans / best
 

@@ -17,6 +17,7 @@ from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_proto, proto_to_json_byte
 from streams.otlp.json_decode import _decode_native as decode_json_native
 from streams.otlp.json_decode import decode_json_py
 from streams.otlp.proto import decode_proto_py
+from streams.replay import Replay
 from streams.runtime import tune_gc
 from streams.spans import SpanRecord
 from streams.worker.codec import encode_state
@@ -47,14 +48,15 @@ def decode_ceiling(
 
 def replay_engine(
     messages: list[bytes], policy_path: str, encoding: str = OTLP_PROTO
-) -> tuple[int, float, Engine]:
+) -> tuple[int, float, Replay]:
+    """`loopwatch replay` (streams/replay.py) over the messages: spans, seconds, the replay."""
     policy = load_policy(policy_path)
-    engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
+    replay = Replay(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
     started = time.perf_counter()
     for message in messages:
-        engine.feed_bytes(message, encoding=encoding)
-    engine.close()
-    return engine.stats.spans, time.perf_counter() - started, engine
+        replay.feed_bytes(message, encoding=encoding)
+    replay.close()
+    return replay.stats.spans, time.perf_counter() - started, replay
 
 
 def leak_check(spans: int, policy_path: str, replays: int = 10) -> list[float]:
@@ -81,19 +83,23 @@ def state_sizes(messages: list[bytes], policy_path: str) -> list[int]:
 def memory_profile(
     total_spans: int, policy_path: str, checkpoints: tuple[int, ...]
 ) -> dict[str, Any]:
-    """Stream `total_spans` through one engine without keeping the corpus in memory."""
+    """Stream `total_spans` through one replay without keeping the corpus in memory: RSS
+    at the checkpoints (while the replay holds the runs, or spills them past its bound)."""
     policy = load_policy(policy_path)
-    engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
-    out: dict[str, Any] = {"rss_mib": {}, "max_active_runs": 0}
+    replay = Replay(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
+    out: dict[str, Any] = {"rss_mib": {}}
     pending = list(checkpoints)
     for message in export_messages(total_spans, seed=11):
-        engine.feed_bytes(message)
-        out["max_active_runs"] = max(out["max_active_runs"], len(engine.runs))
-        if pending and engine.stats.spans >= pending[0]:
+        replay.feed_bytes(message)
+        if pending and replay.stats.spans >= pending[0]:
             out["rss_mib"][str(pending.pop(0))] = round(rss_mib(), 1)
-    engine.close()
-    out["runs_finished"] = engine.stats.runs_finished
-    out["events"] = engine.stats.events
+    replay.close()
+    out["rss_mib_after_close"] = round(rss_mib(), 1)
+    out["held_steps_peak"] = replay.order.held_steps_peak
+    out["spilled_steps"] = replay.order.spilled_steps
+    out["spill_mib"] = round(replay.order.spill_bytes / 2**20, 1)
+    out["runs_finished"] = replay.stats.runs_finished
+    out["events"] = replay.stats.events
     return out
 
 
@@ -136,7 +142,7 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
             native_spans, seconds = decode_ceiling(messages, native_decode)
             native_s = min(native_s, seconds)
             assert native_spans == ceiling_spans
-        replay_spans, seconds, engine = replay_engine(messages, policy_path)
+        replay_spans, seconds, replay = replay_engine(messages, policy_path)
         replay_s = min(replay_s, seconds)
     assert ceiling_spans == replay_spans
     # the same corpus as OTLP JSON lines (the Collector's fileexporter): decode, then replay
@@ -144,7 +150,7 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
     json_py, json_native = json_decode_rates(lines, rounds)
     json_replay_s = float("inf")
     for _ in range(rounds):
-        json_spans, seconds, _engine = replay_engine(lines, policy_path, OTLP_JSON)
+        json_spans, seconds, _replay = replay_engine(lines, policy_path, OTLP_JSON)
         json_replay_s = min(json_replay_s, seconds)
     assert json_spans == replay_spans
     sizes = state_sizes(messages, policy_path)
@@ -163,9 +169,9 @@ def run(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
         "replay_to_ceiling": (replay_spans / replay_s) / (ceiling_spans / ceiling_s),
         "json_replay_spans_per_s": json_spans / json_replay_s,
         "rounds": rounds,
-        "runs": engine.stats.runs_finished,
-        "looping_runs": engine.stats.looping_runs,
-        "events": engine.stats.events,
+        "runs": replay.stats.runs_finished,
+        "looping_runs": replay.stats.looping_runs,
+        "events": replay.stats.events,
         "state_bytes_per_active_run": sum(sizes) / len(sizes) if sizes else 0.0,
         "state_bytes_max": max(sizes, default=0),
         "active_runs_sampled": len(sizes),

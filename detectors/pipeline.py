@@ -272,17 +272,27 @@ _BY_KEY = itemgetter(0)
 
 
 def _ordered(state: RunState) -> list[tuple[list[Any], Step]]:
-    steps = sorted(state.pending, key=_BY_TIME)
-    # An unsequenced step takes the sequence of the latest sequenced step before it in time.
-    carried = state.released_seq or 0
+    return _keyed(state.pending, state.released_seq or 0)
+
+
+def _keyed(steps: list[Step], carried: int) -> list[tuple[list[Any], Step]]:
+    """The steps with their runtime-order keys, in that order. An unsequenced step takes
+    the sequence of the latest sequenced step before it in time (`carried` before any)."""
     keyed = []
-    for step in steps:
+    for step in sorted(steps, key=_BY_TIME):
         seq = step.sequence
         if seq is not None:
             carried = seq
         keyed.append(([carried, step.start_ns, step.end_ns, step.span_id], step))
     keyed.sort(key=_BY_KEY)
     return keyed
+
+
+def runtime_order(steps: list[Step]) -> list[Step]:
+    """A run's steps in the order `release` feeds them to the detectors when all of them
+    are there; copies with the same id and time in the order of their content digest."""
+    by_digest = sorted(steps, key=attrgetter("content_digest"))
+    return [step for _, step in _keyed(by_digest, 0)]
 
 
 def _release(

@@ -67,10 +67,12 @@ def run_replay(
     on_event: Callable[[dict[str, Any]], object],
     on_summary: Callable[[dict[str, Any]], object] | None,
     err: IO[str],
+    memory_mb: float | None = None,
 ) -> Any:
-    """Replay export files through the embedded engine; returns the engine's Stats."""
-    from streams.engine import Engine, fingerprinter_from_env, replay_files
+    """Replay export files (streams/replay.py); returns the replay (its `stats`, `order`)."""
+    from streams.engine import fingerprinter_from_env
     from streams.files import expand_paths
+    from streams.replay import Replay, memory_mb_from_env, replay_files
 
     policy = load_policy(_config_path(config))
     missing = [p for p in paths if not Path(p).exists()]
@@ -81,28 +83,59 @@ def run_replay(
     def report(message: str) -> None:
         print(f"loopwatch: skipped: {message}", file=err)
 
-    engine = Engine(policy, fp, on_event, on_summary, on_invalid=report)
+    replay = Replay(
+        policy,
+        fp,
+        on_event,
+        on_summary,
+        on_invalid=report,
+        memory_mb=memory_mb if memory_mb is not None else memory_mb_from_env(),
+    )
     files = expand_paths(paths, lambda exc: report(str(exc)))
     progress = Progress(sum(f.stat().st_size for f in files), err)
 
     def on_decode_error(exc: Exception) -> None:
-        engine.stats.decode_errors += 1
+        replay.stats.decode_errors += 1
         report(str(exc))
 
-    # each file a source, merged by time (streams/engine.py)
     replay_files(
-        engine,
+        replay,
         files,
         on_decode_error,
-        lambda done: progress.update(done, engine.stats.spans, engine.stats.events),
+        lambda done: progress.update(done, replay.stats.spans, replay.stats.events),
     )
-    engine.close()
-    progress.update(progress.total, engine.stats.spans, engine.stats.events, force=True)
+    replay.close()
+    progress.update(progress.total, replay.stats.spans, replay.stats.events, force=True)
     progress.done()
-    return engine.stats
+    if replay.stats.spans_after_finalize:
+        print(after_finalize_line(replay), file=err)
+    return replay
 
 
-def format_table(stats: Any) -> str:
+def _seconds(ns: int) -> str:
+    return f"{ns / 1e9:,.1f} s"
+
+
+def after_finalize_line(replay: Any) -> str:
+    """One line for spans the replay counted but did not detect on: they came after a gap
+    in their run that the worker's finalization does not wait for."""
+    stats, order, policy = replay.stats, replay.order, replay.policy
+    setting = order.gap_setting
+    now = getattr(policy, setting) if setting else 0
+    return (
+        f"loopwatch: {stats.spans_after_finalize:,} spans of {order.split_runs:,} runs came "
+        f"after their run ended (a gap of up to {_seconds(order.largest_gap_ns)} between "
+        f"span ends, past {setting}={now:g}; the input was out of time order by up to "
+        f"{_seconds(order.disorder_ns)}, which does not matter): counted, not detected on, "
+        f"as the worker would; {setting} >= {order.largest_gap_ns / 1e9:,.0f} would hold them"
+    )
+
+
+def format_table(replay: Any) -> str:
+    stats, order = replay.stats, replay.order
+    held = f"held {order.held_steps_peak:,} steps at most"
+    if order.spilled_steps:
+        held += f", spilled {order.spilled_steps:,} ({order.spill_bytes / 2**20:,.1f} MiB on disk)"
     lines = [
         f"runs finished   {stats.runs_finished:>10,}   looping {stats.looping_runs:,}"
         f" ({(stats.looping_runs / stats.runs_finished if stats.runs_finished else 0):.1%})",
@@ -112,6 +145,7 @@ def format_table(stats: Any) -> str:
         f"  invalid spans {stats.invalid_spans:,}",
         "outcomes        "
         + ("  ".join(f"{k} {v:,}" for k, v in sorted(stats.runs_by_outcome.items())) or "-"),
+        f"input order     out of time order by up to {_seconds(order.disorder_ns)}  {held}",
     ]
     for title, counter in (
         ("loops by shape", stats.loops_by_shape),
@@ -134,7 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     out = _open_output(args.output)
     runs_out = _open_output(args.runs) if args.runs else None
     try:
-        stats = run_replay(
+        replay = run_replay(
             args.paths,
             args.config,
             lambda e: out.write(json.dumps(e, separators=(",", ":")) + "\n"),
@@ -142,6 +176,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if runs_out
             else None,
             sys.stderr,
+            args.memory_mb,
         )
     finally:
         if out is not sys.stdout:
@@ -149,7 +184,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if runs_out is not None and runs_out is not sys.stdout:
             runs_out.close()
     table_stream = sys.stderr if out is sys.stdout else sys.stdout
-    print(format_table(stats), file=table_stream)
+    print(format_table(replay), file=table_stream)
     return 0
 
 
@@ -171,8 +206,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
         raise LoopwatchError(
             f"--max-shape: unknown shape {unknown[0]!r}; shapes: {', '.join(SHAPES)}"
         )
-    stats = run_replay(args.paths, args.config, lambda e: None, None, sys.stderr)
-    print(format_table(stats))
+    replay = run_replay(args.paths, args.config, lambda e: None, None, sys.stderr, args.memory_mb)
+    stats = replay.stats
+    print(format_table(replay))
     breaches = []
     rate = stats.looping_runs / stats.runs_finished if stats.runs_finished else 0.0
     if args.max_loop_rate is not None and rate > args.max_loop_rate:
@@ -187,6 +223,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
         print(f"note: {incomplete} run(s) incomplete or integrity-failed: not scored as clean")
     if stats.runs_finished == 0:
         breaches.append("no runs in the input: nothing was scored")
+    if stats.spans_after_finalize and not args.allow_after_finalize:
+        breaches.append(
+            f"{stats.spans_after_finalize} spans came after their run ended and were not "
+            "scored (see the line above; --allow-after-finalize accepts that)"
+        )
     for breach in breaches:
         print(f"gate: FAIL {breach}")
     if not breaches:
@@ -207,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="policy YAML (default: $LOOPWATCH_CONFIG or built-in defaults)")
     p.add_argument("--output", default="-", help="events JSONL file, - for stdout (default)")
     p.add_argument("--runs", help="write run summaries (JSONL) to this file")
+    _memory_option(p)
     p.add_argument(
         "paths", nargs="+", help="files or directories (.json .jsonl .pb .binpb, optionally .gz)"
     )
@@ -218,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-loop-rate", type=float, help="max share of runs with any finding (0.05 = 5%%)"
     )
     p.add_argument("--max-shape", action="append", metavar="SHAPE=N", help="max events of a shape")
+    p.add_argument(
+        "--allow-after-finalize",
+        action="store_true",
+        help="pass although spans came after their run ended (a gap past the policy's "
+        "finalize_grace_seconds / idle_timeout_seconds) and were not scored",
+    )
+    _memory_option(p)
     p.add_argument("paths", nargs="+")
     p.set_defaults(func=cmd_gate)
 
@@ -278,6 +327,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_lazy("streams.query", "cmd_query"))
     return parser
+
+
+def _positive_mb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB > 0, got {text!r}")
+    return value
+
+
+def _memory_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--memory-mb",
+        type=_positive_mb,
+        default=None,
+        help="spans held in memory before they spill to temporary files "
+        "(default: $LOOPWATCH_REPLAY_MEMORY_MB or 512)",
+    )
 
 
 def version_line() -> str:

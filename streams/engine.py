@@ -1,18 +1,16 @@
-"""The embedded engine: spans in, events and run summaries out, no broker.
+"""The run loop without a broker: its sink for replays (`Tally`: callbacks and `Stats`) and
+`Engine`, a driver that feeds batches in arrival order (tests, benchmarks).
 
-The replay's driver of the shared run loop (streams/runloop.py), which the stream worker
-drives too (streams/worker/driver.py). `loopwatch replay` drives it from files; tests drive
-it directly.
+`loopwatch replay` and `gate` are streams/replay.py, which feeds each run whole and so
+gives the same result for any order of the input.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from detectors.fingerprint import Fingerprinter
@@ -20,7 +18,7 @@ from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
 from streams import native_spec
-from streams.errors import DecodeError, InputError
+from streams.errors import InputError
 from streams.native_spec import NativeBatch
 from streams.normalize import Normalizer
 from streams.otlp import OTLP_PROTO, decode_record
@@ -63,161 +61,14 @@ class Stats:
     looping_runs: int = 0
 
 
-class Engine:
-    """The replay driver of the run loop (streams/runloop.py): batches of one or more
-    sources, state in dicts, and an event-time watermark as the clock. The loop releases a
-    run's buffered steps on its next arrival or at its end (no release timer) and finalizes
-    runs whose deadline the watermark passed. It is also the loop's sink: events and
-    summaries go to the callbacks and into `stats`.
+class Tally:
+    """The replay's sink of the run loop (streams/runloop.py `Sink`): events and summaries
+    go to the callbacks, and everything is counted into `stats`."""
 
-    Sources are partitions, as for the worker: each source (an input file) delivers its
-    own spans in time order, within the allowed lateness, and the watermark is the minimum,
-    over the sources that still have data, of how far each has got (the latest span end it
-    delivered; before its first batch, where its data begins). `feed` without a source is
-    one source; `feed_sources` reads several merged by time."""
-
-    def __init__(
-        self,
-        policy: Policy,
-        fingerprinter: Fingerprinter,
-        on_event: EventSink,
-        on_summary: EventSink | None = None,
-        on_invalid: Callable[[str], None] | None = None,
-    ) -> None:
-        self.policy = policy
-        self.normalizer = Normalizer(policy, fingerprinter)
-        self.span_path = native_spec.build(policy, fingerprinter)  # None: Python normalizer
+    def __init__(self, on_event: EventSink, on_summary: EventSink | None = None) -> None:
         self.on_event = on_event
         self.on_summary = on_summary
-        self.on_invalid = on_invalid
-        self.store = MemoryStore(FINISHED_MEMORY)
-        self.loop = RunLoop(policy, self.store, release_timer=False)
-        self.runs: dict[str, RunState] = self.store.states  # live runs (tests, tools)
-        self.finished = self.store.finished
-        self.watermark_ns = 0
-        self.marks: dict[int, int] = {}  # open source -> how far it has got (event time)
         self.stats = Stats()
-
-    # ------------------------------------------------------------------ input
-
-    def feed(self, spans: Iterable[SpanRecord] | NativeBatch, source: int = 0) -> None:
-        """One delivered batch (an OTLP export message) of `source`: decoded spans, or
-        the native normalizer's result for it."""
-        self.stats.batches += 1
-        if isinstance(spans, NativeBatch):
-            self.stats.spans += spans.spans
-            for span_id, trace_id, exc in spans.invalid_spans:
-                self._report_invalid(span_id, trace_id, exc)
-            by_run, invalid, max_end = spans.by_run, spans.invalid, spans.max_end
-        else:
-            spans = spans if isinstance(spans, list) else list(spans)
-            self.stats.spans += len(spans)
-            by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
-        self.stats.invalid_spans += invalid
-        marks = self.marks
-        if max_end > marks.get(source, 0):
-            marks[source] = max_end
-        low = min(marks.values()) if marks else 0
-        if low > self.watermark_ns:
-            self.watermark_ns = low
-        self.feed_steps(by_run)
-
-    def feed_bytes(
-        self, data: bytes, source: int = 0, where: str = "record", encoding: str = OTLP_PROTO
-    ) -> None:
-        """One OTLP export message of `source` (protobuf, or JSON): the native span path when
-        it can take it, else decoded (DecodeError for malformed input) and normalized in
-        Python."""
-        batch = native_spec.normalize(self.span_path, data, encoding)
-        self.feed(batch if batch is not None else decode_record(data, encoding, where), source)
-
-    def open_source(self, source: int, start_ns: int) -> None:
-        """`source` has data from `start_ns` on: the watermark waits for it from now."""
-        self.marks[source] = start_ns
-
-    def end_source(self, source: int) -> None:
-        """`source` has no more data: it no longer holds the watermark back."""
-        self.marks.pop(source, None)
-        if self.marks:
-            low = min(self.marks.values())
-            if low > self.watermark_ns:
-                self.watermark_ns = low
-                self.loop.due(0, low, self)
-
-    def feed_sources(
-        self,
-        sources: Sequence[Iterable[list[SpanRecord] | NativeBatch]],
-        on_batch: Callable[[int], object] | None = None,
-        firsts: Sequence[tuple[int, int] | None] | None = None,
-    ) -> None:
-        """Batches of several sources merged by time: the next batch fed is always the
-        one, among each open source's next batch, that ends first (its latest span end;
-        ties: the earlier source). One batch per source is held in memory. `on_batch(source)`
-        is called after each batch; `close` is left to the caller.
-
-        `firsts[i]`: the (earliest, latest) span end of source i's first batch when known
-        (None: not known). Such a source is started (its iterator's first `next`) only when
-        that batch is due, so of many files only those overlapping in time are open at
-        once; until then its start holds the watermark back as an open source's does."""
-        heads: list[
-            tuple[
-                int, int, list[SpanRecord] | NativeBatch, Iterator[list[SpanRecord] | NativeBatch]
-            ]
-        ] = []
-        waiting: list[tuple[int, int]] = []  # (first batch's latest end, source): not started
-
-        def start(i: int) -> None:
-            it = iter(sources[i])
-            first = next(it, None)
-            if first is None:
-                if i in self.marks:  # announced by `firsts`, but nothing came
-                    self.end_source(i)
-                return
-            begins, ends = _span_ends(first)
-            if i not in self.marks:
-                self.open_source(i, begins)
-            heapq.heappush(heads, (ends, i, first, it))
-
-        for i in range(len(sources)):
-            known = firsts[i] if firsts is not None else None
-            if known is None:
-                start(i)
-            else:
-                self.open_source(i, known[0])
-                waiting.append((known[1], i))
-        heapq.heapify(waiting)
-        while heads or waiting:
-            if waiting and (not heads or waiting[0] < heads[0][:2]):
-                start(heapq.heappop(waiting)[1])
-                continue
-            _, i, spans, it = heapq.heappop(heads)
-            self.feed(spans, i)
-            if on_batch is not None:
-                on_batch(i)
-            nxt = next(it, None)
-            if nxt is None:
-                self.end_source(i)
-            else:
-                heapq.heappush(heads, (_span_ends(nxt)[1], i, nxt, it))
-
-    def _invalid(self, span: Any, exc: Exception) -> None:
-        self._report_invalid(span.span_id, span.trace_id, type(exc).__name__)
-
-    def _report_invalid(self, span_id: str, trace_id: str, exc: str) -> None:
-        if self.on_invalid is not None:
-            self.on_invalid(str(InputError(f"span {span_id} of trace {trace_id}: {exc}")))
-
-    def feed_steps(self, by_run: dict[str, list[Step]]) -> None:
-        loop, now = self.loop, self.watermark_ns
-        for run_id, steps in by_run.items():
-            loop.apply(0, run_id, [(steps, None)], now, self)
-        loop.due(0, now, self)
-
-    def close(self) -> None:
-        """End of input: finalize every open run (in run id order, for stable output)."""
-        self.loop.close(sorted(self.store.states), self.watermark_ns, self)
-
-    # ------------------------------------------------------------------ the loop's sink
 
     def event(self, event: dict[str, Any]) -> None:
         stats = self.stats
@@ -255,56 +106,77 @@ class Engine:
         pass  # the replay has no capacity bound
 
 
-def _span_ends(spans: list[SpanRecord] | NativeBatch) -> tuple[int, int]:
-    """The earliest and the latest span end of a batch (0, 0 when it has none)."""
-    if isinstance(spans, NativeBatch):
-        return spans.first_end, spans.last_end
-    ends = [s.end_ns for s in spans if isinstance(s.end_ns, int)]
-    return (min(ends), max(ends)) if ends else (0, 0)
-
-
-def replay_files(
-    engine: Engine,
-    files: Sequence[Path],
-    on_decode_error: Callable[[DecodeError], None],
-    on_progress: Callable[[int], object] | None = None,
+def report_invalid(
+    on_invalid: Callable[[str], None] | None, span_id: str, trace_id: str, exc: str
 ) -> None:
-    """Feed export files to `engine`, each file a source, merged by time: read one after
-    another, a run whose root is in the first file would be finalized before its spans in
-    the second are read. `on_progress(bytes)` after each batch: the size of the files read
-    to their end. The caller closes the engine.
+    if on_invalid is not None:
+        on_invalid(str(InputError(f"span {span_id} of trace {trace_id}: {exc}")))
 
-    Each file's first batch is read ahead (and the file closed again) to learn where it
-    starts; a file is then opened when its first batch is due and closed at its end, so a
-    directory of rotated exports (one file after another in time) has one or two files
-    open, not one per file (the process's file limit)."""
-    from streams.files import iter_batches
 
-    done = 0
+class Engine:
+    """The run loop over batches in arrival order, state in dicts, an event-time watermark
+    (the latest span end delivered) as the clock: the stream's processing of keyed input
+    without a broker, for tests and benchmarks of the loop's bounds and state. The loop
+    releases a run's buffered steps on its next arrival or at its end (no release timer)
+    and finalizes runs whose deadline the watermark passed, so the result depends on the
+    arrival order; `loopwatch replay`, whose result must not, is streams/replay.py."""
 
-    def batches(path: Path) -> Iterator[list[SpanRecord] | NativeBatch]:
-        nonlocal done
-        for _source, spans in iter_batches([path], on_decode_error, engine.span_path):
-            yield spans
-        done += path.stat().st_size
+    def __init__(
+        self,
+        policy: Policy,
+        fingerprinter: Fingerprinter,
+        on_event: EventSink,
+        on_summary: EventSink | None = None,
+        on_invalid: Callable[[str], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.normalizer = Normalizer(policy, fingerprinter)
+        self.span_path = native_spec.build(policy, fingerprinter)  # None: Python normalizer
+        self.on_invalid = on_invalid
+        self.tally = Tally(on_event, on_summary)
+        self.stats = self.tally.stats
+        self.store = MemoryStore(FINISHED_MEMORY)
+        self.loop = RunLoop(policy, self.store, release_timer=False)
+        self.runs: dict[str, RunState] = self.store.states  # live runs (tests, tools)
+        self.finished = self.store.finished
+        self.watermark_ns = 0
 
-    def first_batch(path: Path) -> tuple[int, int] | None:
-        # errors are reported when the file is read for real (None: read it eagerly)
-        read = iter_batches([path], lambda _e: None, engine.span_path)
-        try:
-            for _source, spans in read:
-                return _span_ends(spans)
-            return None
-        finally:
-            read.close()  # and the file with it
+    def feed(self, spans: Iterable[SpanRecord] | NativeBatch) -> None:
+        """One delivered batch (an OTLP export message): decoded spans, or the native
+        normalizer's result for it."""
+        self.stats.batches += 1
+        if isinstance(spans, NativeBatch):
+            self.stats.spans += spans.spans
+            for span_id, trace_id, exc in spans.invalid_spans:
+                report_invalid(self.on_invalid, span_id, trace_id, exc)
+            by_run, invalid, max_end = spans.by_run, spans.invalid, spans.max_end
+        else:
+            spans = spans if isinstance(spans, list) else list(spans)
+            self.stats.spans += len(spans)
+            by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
+        self.stats.invalid_spans += invalid
+        if max_end > self.watermark_ns:
+            self.watermark_ns = max_end
+        self.feed_steps(by_run)
 
-    def progress(source: int) -> None:
-        if on_progress is not None:
-            on_progress(done)
+    def feed_bytes(self, data: bytes, where: str = "record", encoding: str = OTLP_PROTO) -> None:
+        """One OTLP export message (protobuf, or JSON): the native span path when it can
+        take it, else decoded (DecodeError for malformed input) and normalized in Python."""
+        batch = native_spec.normalize(self.span_path, data, encoding)
+        self.feed(batch if batch is not None else decode_record(data, encoding, where))
 
-    engine.feed_sources(
-        [batches(f) for f in files], progress, firsts=[first_batch(f) for f in files]
-    )
+    def _invalid(self, span: Any, exc: Exception) -> None:
+        report_invalid(self.on_invalid, span.span_id, span.trace_id, type(exc).__name__)
+
+    def feed_steps(self, by_run: dict[str, list[Step]]) -> None:
+        loop, now, sink = self.loop, self.watermark_ns, self.tally
+        for run_id, steps in by_run.items():
+            loop.apply(0, run_id, [(steps, None)], now, sink)
+        loop.due(0, now, sink)
+
+    def close(self) -> None:
+        """End of input: finalize every open run (in run id order, for stable output)."""
+        self.loop.close(sorted(self.store.states), self.watermark_ns, self.tally)
 
 
 def _count(counter: Counter[str], label: str) -> None:

@@ -23,6 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 
 from alerts.events import build_event
@@ -37,6 +38,9 @@ from streams.normalize import STEP_ERRORS, Normalizer
 log = logging.getLogger("loopwatch.worker")
 
 NS = 1_000_000_000
+
+# the order an exporter sends a run's spans in (as they end); ties fixed by the content
+_EXPORT_ORDER = attrgetter("end_ns", "span_id", "content_digest")
 
 
 @dataclass(slots=True)
@@ -321,6 +325,40 @@ class RunLoop:
         sink.summary(summary)
         self.store.finish(run_id, partition, now_ns)
         self.index.remove(run_id)
+
+    def whole(self, run_id: str, steps: list[Step], sink: Sink) -> tuple[int, str]:
+        """Every delivered span of a run at once (the replay, streams/replay.py), in any
+        order and with any duplication. In the order they ended, the run keeps its spans
+        up to the first gap its deadline would not have waited for (longer than
+        `finalize_grace_seconds` once the root ended, else `idle_timeout_seconds`): a
+        stream would have finalized the run there, so the spans after the gap are counted
+        as arriving after the run's end, not fed. The kept ones are fed in runtime order,
+        so every finding sees the run's facts (task type, agent, labels) whichever span
+        carries them, and the run is finalized. Returns (the gap that cut the run in ns,
+        the setting that bounded it), or (0, "") when nothing was cut."""
+        steps.sort(key=_EXPORT_ORDER)
+        kept, gap, setting = len(steps), 0, ""
+        root_ended = False
+        for i in range(1, len(steps)):
+            root_ended = root_ended or steps[i - 1].is_root
+            limit = self._grace_ns if root_ended else self._idle_ns
+            if steps[i].end_ns - steps[i - 1].end_ns > limit:
+                kept, gap = i, steps[i].end_ns - steps[i - 1].end_ns
+                setting = "finalize_grace_seconds" if root_ended else "idle_timeout_seconds"
+                break
+        policy = self.policy
+        state = pipeline.new_state(run_id)
+        sink.started()
+        findings = []
+        for step in pipeline.runtime_order(steps[:kept]):
+            findings.extend(pipeline.ingest(policy, state, step))
+        for finding in findings:
+            sink.event(labelled_event(finding, state, policy))
+        sink.counted(state.duplicate_spans, state.late_spans)
+        self.finalize(run_id, 0, state, state.max_end_ns, sink)
+        if kept < len(steps):
+            sink.after_finalize(len(steps) - kept)
+        return gap, setting
 
     def close(self, run_ids: Iterable[str], now_ns: int, sink: Sink) -> None:
         """End of input: finalize these runs in this order, whatever their deadlines."""

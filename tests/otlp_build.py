@@ -5,8 +5,8 @@ example files, as the collector's kafkaexporter would put them on Kafka.
   grouped by resource as an SDK exporter does.
 * `file_messages(path)`: the export messages of a fileexporter file (`.pb` length-prefixed
   protobuf, `.jsonl` OTLP JSON lines), as protobuf bytes.
-* `replay_messages(messages, policy)`: the embedded engine over the messages, i.e. what
-  `loopwatch replay` computes from the same exports: (events, summaries).
+* `replay_messages(messages, policy)`: what `loopwatch replay` computes from the same
+  exports: (events, summaries).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy
-from streams.engine import Engine
 from streams.otlp import decode_record, json_to_proto_bytes, proto_to_json_bytes
+from streams.replay import Replay
 from streams.spans import SpanRecord
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -125,11 +125,11 @@ def trace_key(message: bytes) -> bytes | None:
 def replay_messages(
     messages: Iterable[bytes], policy: Policy, key: bytes | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The embedded engine (loopwatch replay) over export messages."""
+    """`loopwatch replay` over export messages."""
     events: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
-    engine = Engine(policy, Fingerprinter(key), events.append, summaries.append)
+    replay = Replay(policy, Fingerprinter(key), events.append, summaries.append)
     for message in messages:
-        engine.feed(decode_record(message, "otlp_proto", "replay"))
-    engine.close()
+        replay.feed(decode_record(message, "otlp_proto", "replay"))
+    replay.close()
     return events, summaries

@@ -9,7 +9,7 @@ from typing import Any
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
-from streams.engine import Engine
+from streams.replay import Replay
 from streams.spans import STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanEvent, SpanRecord
 
 # In the past: spans ending over a day after the wall clock are rejected as invalid.
@@ -263,10 +263,10 @@ def replay(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
-    engine = Engine(policy or example_policy(), Fingerprinter(key), events.append, summaries.append)
+    replay = Replay(policy or example_policy(), Fingerprinter(key), events.append, summaries.append)
     for batch in batches:
-        engine.feed(batch)
-    engine.close()
+        replay.feed(batch)
+    replay.close()
     return events, summaries
 
 

@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,15 @@ from streams.errors import DecodeError
 from streams.files import write_jsonl, write_pb
 from streams.normalize import Normalizer
 from streams.otlp import decode_json, decode_proto, proto_to_json_bytes
+from streams.replay import Replay
 from tests.otlp_build import encode_request
-from tests.spankit import CANARY_SHAPES, EXAMPLE_POLICY, Canaries, Run, canary_runs
+from tests.spankit import (
+    CANARY_SHAPES,
+    EXAMPLE_POLICY,
+    Canaries,
+    Run,
+    canary_runs,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,6 +96,24 @@ def replay_scanned(
     return events, summaries, engine
 
 
+def spill_scanned(runs: list[Run], c: Canaries, key: bytes) -> Replay:
+    """`loopwatch replay` over the runs with a memory bound so small that it spills every
+    held run to disk: the spill files are scanned before they are read back and removed."""
+    with tempfile.TemporaryDirectory() as parent:
+        replay = Replay(
+            _policy(), Fingerprinter(key), lambda e: None, memory_mb=0.01, spill_dir=parent
+        )
+        for run in runs:
+            replay.feed(run.spans)
+        assert replay.order.spilled_steps > 0
+        files = list(Path(parent).rglob("*.marshal"))
+        assert files
+        for path in files:
+            c.assert_absent(f"spill file {path.name}", path.read_bytes().decode("latin-1"))
+        replay.close()
+    return replay
+
+
 def test_no_canary_in_events_summaries_states_steps_or_logs(
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,7 +130,8 @@ def test_no_canary_in_events_summaries_states_steps_or_logs(
         c.assert_absent(f"{event['shape']} event", json.dumps(event))
     for summary in summaries:
         c.assert_absent(f"summary of {summary['run_id']}", json.dumps(summary))
-    c.assert_absent("stats table", format_table(engine.stats) + repr(engine.stats))
+    spilled = spill_scanned(runs, c, b"privacy-key")
+    c.assert_absent("stats table", format_table(spilled) + repr(spilled.stats))
     c.assert_absent("log records", caplog.text + repr([r.__dict__ for r in caplog.records]))
     out, err = capsys.readouterr()
     c.assert_absent("stdout/stderr", out + err)

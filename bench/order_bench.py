@@ -1,0 +1,134 @@
+"""What the order of the input costs `loopwatch replay`: one corpus written to two files
+(OTLP JSON lines and gzipped protobuf), once in time order (each file in time order) and
+once shuffled (spans in random batches of 1-40, ~30% of the batches re-sent, dealt at
+random over the two files). Each delivery is replayed by the real command in its own
+process, in alternating rounds: wall time (best), peak RSS (max) and the events, which
+must be the same.
+
+    python -m bench.order_bench --spans 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.corpus import export_messages
+from bench.deliveries import reshuffle, write_files
+from streams.files import write_jsonl, write_pb
+from streams.otlp import proto_to_json_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = ROOT / "examples" / "loopwatch.yaml"
+
+
+def deliveries(messages: list[bytes], workdir: Path, seed: int = 1) -> dict[str, Path]:
+    """{"in order": dir, "shuffled": dir} with the same spans."""
+    rng = random.Random(seed)
+    ordered = workdir / "in-order"
+    ordered.mkdir()
+    batches = reshuffle(messages, rng, order="time", batch=(40, 120), dup_share=0)
+    write_jsonl(ordered / "traces.jsonl", [proto_to_json_bytes(b) for b in batches[0::2]])
+    write_pb(ordered / "traces.pb.gz", batches[1::2])
+    shuffled = workdir / "shuffled"
+    write_files(shuffled, reshuffle(messages, rng, batch=(40, 120)), rng, n=2)
+    return {"in order": ordered, "shuffled": shuffled}
+
+
+def replay_process(path: Path, out: Path, policy: Path = POLICY) -> float:
+    """Wall seconds of `loopwatch replay` over `path` (events to `out`), in a new process."""
+    code = "from streams.cli import main; raise SystemExit(main())"
+    argv = [sys.executable, "-c", code, "replay", "--config", str(policy), "--output", str(out)]
+    env = dict(os.environ, LOOPWATCH_FINGERPRINT_KEY="bench-key")
+    started = time.perf_counter()
+    done = subprocess.run([*argv, str(path)], cwd=ROOT, env=env, capture_output=True)
+    seconds = time.perf_counter() - started
+    if done.returncode:
+        raise RuntimeError(f"replay of {path} failed: {done.stderr.decode()[-2000:]}")
+    return seconds
+
+
+def order_cost(messages: list[bytes], rounds: int = 3) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="loopwatch-order-") as tmp:
+        work = Path(tmp)
+        paths = deliveries(messages, work)
+        best: dict[str, float] = {}
+        events: dict[str, list[str]] = {}
+        for i in range(rounds):
+            for name, path in paths.items():
+                out = work / f"{name.replace(' ', '-')}-{i}.jsonl"
+                seconds = replay_process(path, out)
+                best[name] = min(best.get(name, float("inf")), seconds)
+                events[name] = sorted(out.read_text().splitlines())
+        # peak RSS: one more run each, in a process that reports its own maximum
+        rss = {name: _peak_of_one(path, work) for name, path in paths.items()}
+    spans = sum(1 for _ in _spans(messages))
+    return {
+        "spans": spans,
+        "events": {name: len(e) for name, e in events.items()},
+        "same_events": events["in order"] == events["shuffled"],
+        "seconds": best,
+        "peak_rss_mib": rss,
+        "rounds": rounds,
+    }
+
+
+def _peak_of_one(path: Path, work: Path) -> float:
+    """Peak RSS (MiB) of one replay in a new process, from its own VmHWM: ru_maxrss would
+    count the parent's memory too (a child started by vfork inherits its high-water mark)."""
+    code = (
+        "import sys\n"
+        "from streams.cli import main\n"
+        "try:\n    main(sys.argv[1:])\n"
+        "finally:\n"
+        "    hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"
+        "    print(hwm[0].split()[1], file=sys.stderr)\n"
+    )
+    argv = [sys.executable, "-c", code, "replay", "--config", str(POLICY)]
+    out = work / "peak.jsonl"
+    env = dict(os.environ, LOOPWATCH_FINGERPRINT_KEY="bench-key")
+    done = subprocess.run(
+        [*argv, "--output", str(out), str(path)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    return int(done.stderr.strip().splitlines()[-1]) / 1024
+
+
+def _spans(messages: list[bytes]) -> Any:
+    from streams.otlp import decode_proto
+
+    for m in messages:
+        yield from decode_proto(m)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.order_bench")
+    parser.add_argument("--spans", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--examples", action="store_true", help="the example traces instead")
+    args = parser.parse_args(argv)
+    if args.examples:
+        from tests.otlp_build import example_files, file_messages
+
+        messages = [m for f in example_files() for m in file_messages(f)]
+    else:
+        messages = list(export_messages(args.spans, seed=3, loop_share=0.2))
+    result = order_cost(messages, args.rounds)
+    print(f"{result['spans']:,} spans, best of {result['rounds']} rounds")
+    for name in ("in order", "shuffled"):
+        print(
+            f"  {name:<9} {result['events'][name]:>6,} events  "
+            f"{result['seconds'][name]:7.2f} s  peak RSS {result['peak_rss_mib'][name]:7.1f} MiB"
+        )
+    print(f"  same events: {result['same_events']}")
+    return 0 if result["same_events"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

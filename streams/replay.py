@@ -1,0 +1,273 @@
+"""`loopwatch replay` and `gate`: the same spans give the same events and run summaries in
+any order, across files and inside a file, with any batching and duplication.
+
+Every export message is normalized and its steps are held by run until the end of the
+input; then each run is fed to the run loop whole (`RunLoop.whole`, streams/runloop.py):
+in runtime order, cut at the first gap in its span end times that the stream's
+finalization would not have waited for. Nothing about a run depends on where its spans
+were in the input. Runs come out ordered by their earliest span start, then run id.
+
+Memory: a held step costs about STEP_BYTES. Past `memory_mb` the held runs are spilled to
+temporary files bucketed by run id (`Spill`), and at the end read back one bucket at a
+time, so a run's steps always meet and memory stays near the bound whatever the input's
+size (up to BUCKETS times the bound on disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import shutil
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detectors.errors import LoopwatchError
+from detectors.fingerprint import Fingerprinter
+from detectors.model import Step, step_values
+from detectors.policy import Policy
+from streams import native_spec
+from streams.engine import Tally, report_invalid
+from streams.errors import DecodeError
+from streams.native_spec import NativeBatch
+from streams.normalize import Normalizer
+from streams.otlp import OTLP_PROTO, decode_record
+from streams.runloop import MemoryStore, RunLoop, group_steps
+from streams.spans import SpanRecord
+
+STEP_BYTES = 700  # a held step: measured 680 B with the native span path (shared strs)
+DEFAULT_MEMORY_MB = 512  # about 770k held steps before the first spill
+BUCKETS = 128
+NS = 1_000_000_000
+
+EventSink = Callable[[dict[str, Any]], object]
+
+
+@dataclass
+class Order:
+    """What the replay saw of the input's order and what it held (for the report)."""
+
+    # the farthest a batch of a file reached back behind the latest end before it in that
+    # file (the order between files never matters: they are read one after another)
+    disorder_ns: int = 0
+    split_runs: int = 0  # runs cut at a gap the stream would not have waited for
+    largest_gap_ns: int = 0
+    gap_setting: str = ""  # the policy setting that bounded that gap
+    held_steps_peak: int = 0
+    spilled_steps: int = 0
+    spill_bytes: int = 0
+
+
+class Spill:
+    """Held runs on disk, bucketed by run id: each spill appends one marshal record per
+    bucket (a list of (run id, step field tuples)). A private temporary directory, removed
+    by `close`; marshal is safe to read here because only this process wrote it."""
+
+    def __init__(self, parent: str | None = None) -> None:
+        try:
+            self.dir = Path(tempfile.mkdtemp(prefix="loopwatch-replay-", dir=parent))
+        except OSError as exc:
+            raise LoopwatchError(
+                f"cannot create a spill directory in {parent or tempfile.gettempdir()}: "
+                f"{exc.strerror} (set TMPDIR, or raise --memory-mb)"
+            ) from None
+        self.bytes = 0
+
+    def _path(self, bucket: int) -> Path:
+        return self.dir / f"{bucket:03d}.marshal"
+
+    def write(self, runs: dict[str, list[Step]]) -> None:
+        buckets: dict[int, list[tuple[str, list[tuple[Any, ...]]]]] = {}
+        for run_id, steps in runs.items():
+            bucket = zlib.crc32(run_id.encode()) % BUCKETS
+            buckets.setdefault(bucket, []).append((run_id, list(map(step_values, steps))))
+        for bucket, items in buckets.items():
+            data = marshal.dumps(items, 4)
+            try:
+                with open(self._path(bucket), "ab") as f:
+                    f.write(data)
+            except OSError as exc:
+                raise LoopwatchError(
+                    f"cannot spill held spans to {self.dir}: {exc.strerror} "
+                    "(free space there, set TMPDIR elsewhere, or raise --memory-mb)"
+                ) from None
+            self.bytes += len(data)
+
+    def buckets(self) -> Iterator[dict[str, list[Step]]]:
+        """Each bucket's runs with all their steps (a bucket's file is removed once read)."""
+        for bucket in range(BUCKETS):
+            path = self._path(bucket)
+            if not path.exists():
+                continue
+            runs: dict[str, list[Step]] = {}
+            with open(path, "rb") as f:
+                while True:
+                    try:
+                        items = marshal.load(f)
+                    except EOFError:
+                        break
+                    for run_id, values in items:
+                        steps = [Step(*v) for v in values]
+                        held = runs.get(run_id)
+                        if held is None:
+                            runs[run_id] = steps
+                        else:
+                            held.extend(steps)
+            path.unlink()
+            yield runs
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Replay:
+    """Export messages in, in any order; at `close`, every run's events and summary."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        fingerprinter: Fingerprinter,
+        on_event: EventSink,
+        on_summary: EventSink | None = None,
+        on_invalid: Callable[[str], None] | None = None,
+        *,
+        memory_mb: float = DEFAULT_MEMORY_MB,
+        spill_dir: str | None = None,
+    ) -> None:
+        self.policy = policy
+        self.normalizer = Normalizer(policy, fingerprinter)
+        self.span_path = native_spec.build(policy, fingerprinter)  # None: Python normalizer
+        self.on_invalid = on_invalid
+        self.tally = Tally(on_event, on_summary)
+        self.stats = self.tally.stats
+        self.order = Order()
+        # each run comes whole, once: no finished runs to remember
+        self.loop = RunLoop(policy, MemoryStore(0), release_timer=False)
+        self.held: dict[str, list[Step]] = {}
+        self.held_steps = 0
+        self.max_held = max(1, int(memory_mb * 1024 * 1024 / STEP_BYTES))
+        self.spill_dir = spill_dir
+        self.spill: Spill | None = None
+        self._latest_end = 0
+
+    def feed(self, spans: Sequence[SpanRecord] | NativeBatch) -> None:
+        """One export message: decoded spans, or the native normalizer's result for it."""
+        stats = self.stats
+        stats.batches += 1
+        if isinstance(spans, NativeBatch):
+            stats.spans += spans.spans
+            for span_id, trace_id, exc in spans.invalid_spans:
+                report_invalid(self.on_invalid, span_id, trace_id, exc)
+            by_run, invalid = spans.by_run, spans.invalid
+            first_end, last_end = spans.first_end, spans.last_end
+        else:
+            stats.spans += len(spans)
+            by_run, invalid, last_end = group_steps(self.normalizer, spans, self._invalid)
+            first_end = min((s.end_ns for steps in by_run.values() for s in steps), default=0)
+        stats.invalid_spans += invalid
+        if by_run and first_end:
+            order = self.order
+            if self._latest_end - first_end > order.disorder_ns:
+                order.disorder_ns = self._latest_end - first_end
+            if last_end > self._latest_end:
+                self._latest_end = last_end
+        held = self.held
+        for run_id, steps in by_run.items():
+            have = held.get(run_id)
+            if have is None:
+                held[run_id] = steps
+            else:
+                have.extend(steps)
+            self.held_steps += len(steps)
+        if self.held_steps > self.order.held_steps_peak:
+            self.order.held_steps_peak = self.held_steps
+        if self.held_steps > self.max_held:
+            self._spill()
+
+    def start_source(self) -> None:
+        """The batches fed from now on are another file's (for `Order.disorder_ns`)."""
+        self._latest_end = 0
+
+    def feed_bytes(self, data: bytes, where: str = "record", encoding: str = OTLP_PROTO) -> None:
+        """One OTLP export message (protobuf, or JSON): the native span path when it can
+        take it, else decoded (DecodeError for malformed input) and normalized in Python."""
+        batch = native_spec.normalize(self.span_path, data, encoding)
+        self.feed(batch if batch is not None else decode_record(data, encoding, where))
+
+    def _invalid(self, span: Any, exc: Exception) -> None:
+        report_invalid(self.on_invalid, span.span_id, span.trace_id, type(exc).__name__)
+
+    def _spill(self) -> None:
+        if self.spill is None:
+            self.spill = Spill(self.spill_dir)
+        self.spill.write(self.held)
+        self.order.spilled_steps += self.held_steps
+        self.order.spill_bytes = self.spill.bytes
+        self.held = {}
+        self.held_steps = 0
+
+    def close(self) -> None:
+        """End of input: every held run, whole."""
+        if self.spill is None:
+            self._runs(self.held)
+        else:
+            try:
+                if self.held:
+                    self._spill()
+                for runs in self.spill.buckets():
+                    self._runs(runs)
+            finally:
+                self.spill.close()
+        self.held = {}
+        self.held_steps = 0
+
+    def _runs(self, runs: dict[str, list[Step]]) -> None:
+        def earliest(run_id: str) -> tuple[int, str]:
+            return min(s.start_ns for s in runs[run_id]), run_id
+
+        order, loop, sink = self.order, self.loop, self.tally
+        for run_id in sorted(runs, key=earliest):
+            gap, setting = loop.whole(run_id, runs.pop(run_id), sink)
+            if gap:
+                order.split_runs += 1
+                if gap > order.largest_gap_ns:
+                    order.largest_gap_ns, order.gap_setting = gap, setting
+
+
+def replay_files(
+    replay: Replay,
+    files: Sequence[Path],
+    on_decode_error: Callable[[DecodeError], None],
+    on_progress: Callable[[int], object] | None = None,
+) -> None:
+    """Feed export files to `replay`, one after another (their order does not matter).
+    `on_progress(bytes)` after each message: the size of the files read to their end. The
+    caller closes the replay."""
+    from streams.files import iter_batches
+
+    done = 0
+    for path in files:
+        replay.start_source()
+        for _source, spans in iter_batches([path], on_decode_error, replay.span_path):
+            replay.feed(spans)
+            if on_progress is not None:
+                on_progress(done)
+        with contextlib.suppress(OSError):
+            done += path.stat().st_size
+
+
+def memory_mb_from_env() -> float:
+    raw = os.environ.get("LOOPWATCH_REPLAY_MEMORY_MB", "")
+    if not raw:
+        return DEFAULT_MEMORY_MB
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise LoopwatchError(f"LOOPWATCH_REPLAY_MEMORY_MB={raw!r}: expected a number of MiB > 0")
+    return value
