@@ -108,10 +108,9 @@ _SUMMARY_KEYS = (
 
 @dataclass
 class Oracle:
-    """What `loopwatch replay` (`streams.engine.Engine`, the example policy, the workers'
-    fingerprint key) computes from groups of export messages, each group replayed on its
-    own (the replay's watermark is global: files of different days replayed as one stream
-    would finalize each other's runs)."""
+    """What `loopwatch replay` (streams/replay.py, the example policy, the workers'
+    fingerprint key) computes from groups of export messages (each group replayed on its
+    own; a run must not be in two)."""
 
     messages: list[bytes] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
