@@ -57,6 +57,7 @@ import yaml
 from bench.kafka import require_broker
 from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 from detectors.policy import load_policy
+from streams.otlp import decode_proto
 from tests.e2e.prom_support import (
     AM_CONFIG,
     RULES,
@@ -453,10 +454,14 @@ def loop_window(stack: Stack, clean_window: CleanWindow) -> LoopWindow:
     assert dup_slices == {("duplicate_side_effect", "support-v13", "issue_refund", "3")}
     assert rate_slices == {("identical_repetition", LOOP_PV, "lookup_order", "3")}
     assert slices[("identical_repetition", LOOP_PV, "lookup_order", "3")] == 26
-    # every loop fired before its run's prompt_version arrived (only on the root span)
-    pending = [e for e in expected.events if e["shape"] == "identical_repetition"]
-    assert len(pending) == 26 and all(e["labels_pending"] for e in pending)
-    assert all(e["prompt_version"] is None for e in pending)
+    # the run's prompt_version is only on its root span, in the message after its loop
+    # (`loop_batches`): the worker fires before it arrives and counts the loop under the
+    # run's final slice; the replay, holding the run whole, labels the event at once
+    loops = [e for e in expected.events if e["shape"] == "identical_repetition"]
+    assert len(loops) == 26 and {e["prompt_version"] for e in loops} == {LOOP_PV}
+    spans = [s for batch in batches for _key, value in batch for s in decode_proto(value)]
+    labelled = {s.trace_id for s in spans if s.parent_span_id and "prompt.version" in s.resource}
+    assert not {e["run_id"] for e in loops} & labelled
 
     stack.produce_spread(batches, pause=0.6)
     stack.wait_processed(expected)
