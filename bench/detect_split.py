@@ -22,12 +22,10 @@ from typing import Any
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
-from streams import native_spec
 from streams.engine import Engine
 from streams.native_spec import NativeBatch
-from streams.otlp import decode_proto
-from streams.runloop import group_steps
 from streams.runtime import tune_gc
+from streams.spanpath import SpanPath
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = b"bench-key"
@@ -36,17 +34,8 @@ FIELDS = tuple(NativeBatch.__dataclass_fields__)
 
 def normalized(messages: list[bytes], policy: Policy) -> list[NativeBatch]:
     """Each message as the batch `Engine.feed` takes (steps grouped by run)."""
-    engine = Engine(policy, Fingerprinter(KEY), lambda e: None)
-    out = []
-    for message in messages:
-        batch = native_spec.normalize(engine.span_path, message)
-        if batch is None:
-            spans = decode_proto(message)
-            by_run, invalid, max_end = group_steps(engine.normalizer, spans)
-            ends = [s.end_ns for s in spans]
-            batch = NativeBatch(by_run, invalid, max_end, len(spans), [], min(ends), max(ends))
-        out.append(batch)
-    return out
+    span_path = SpanPath.of(policy, Fingerprinter(KEY))
+    return [span_path.message(message) for message in messages]
 
 
 def load_other(tree: Path) -> tuple[Any, Any]:

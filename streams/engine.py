@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +17,10 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
-from streams import native_spec
 from streams.errors import InputError
-from streams.native_spec import NativeBatch
-from streams.normalize import Normalizer
-from streams.otlp import OTLP_PROTO, decode_record
-from streams.runloop import MemoryStore, RunLoop, group_steps
+from streams.otlp import OTLP_PROTO
+from streams.runloop import MemoryStore, RunLoop
+from streams.spanpath import SpanPath, StepBatch
 from streams.spans import SpanRecord
 
 MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go to "(other)"
@@ -130,8 +128,7 @@ class Engine:
         on_invalid: Callable[[str], None] | None = None,
     ) -> None:
         self.policy = policy
-        self.normalizer = Normalizer(policy, fingerprinter)
-        self.span_path = native_spec.build(policy, fingerprinter)  # None: Python normalizer
+        self.span_path = SpanPath.of(policy, fingerprinter)
         self.on_invalid = on_invalid
         self.tally = Tally(on_event, on_summary)
         self.stats = self.tally.stats
@@ -141,32 +138,22 @@ class Engine:
         self.finished = self.store.finished
         self.watermark_ns = 0
 
-    def feed(self, spans: Iterable[SpanRecord] | NativeBatch) -> None:
-        """One delivered batch (an OTLP export message): decoded spans, or the native
-        normalizer's result for it."""
-        self.stats.batches += 1
-        if isinstance(spans, NativeBatch):
-            self.stats.spans += spans.spans
-            for span_id, trace_id, exc in spans.invalid_spans:
-                report_invalid(self.on_invalid, span_id, trace_id, exc)
-            by_run, invalid, max_end = spans.by_run, spans.invalid, spans.max_end
-        else:
-            spans = spans if isinstance(spans, list) else list(spans)
-            self.stats.spans += len(spans)
-            by_run, invalid, max_end = group_steps(self.normalizer, spans, self._invalid)
-        self.stats.invalid_spans += invalid
-        if max_end > self.watermark_ns:
-            self.watermark_ns = max_end
-        self.feed_steps(by_run)
+    def feed(self, spans: Sequence[SpanRecord] | StepBatch) -> None:
+        """One delivered batch (an OTLP export message): its decoded spans, or its steps."""
+        batch = spans if isinstance(spans, StepBatch) else self.span_path.spans(spans)
+        stats = self.stats
+        stats.batches += 1
+        stats.spans += batch.spans
+        stats.invalid_spans += batch.invalid
+        for span_id, trace_id, exc in batch.invalid_spans:
+            report_invalid(self.on_invalid, span_id, trace_id, exc)
+        if batch.max_end > self.watermark_ns:
+            self.watermark_ns = batch.max_end
+        self.feed_steps(batch.by_run)
 
     def feed_bytes(self, data: bytes, where: str = "record", encoding: str = OTLP_PROTO) -> None:
-        """One OTLP export message (protobuf, or JSON): the native span path when it can
-        take it, else decoded (DecodeError for malformed input) and normalized in Python."""
-        batch = native_spec.normalize(self.span_path, data, encoding)
-        self.feed(batch if batch is not None else decode_record(data, encoding, where))
-
-    def _invalid(self, span: Any, exc: Exception) -> None:
-        report_invalid(self.on_invalid, span.span_id, span.trace_id, type(exc).__name__)
+        """One OTLP export message (protobuf, or JSON); DecodeError when it is malformed."""
+        self.feed(self.span_path.message(data, encoding, where))
 
     def feed_steps(self, by_run: dict[str, list[Step]]) -> None:
         loop, now, sink = self.loop, self.watermark_ns, self.tally

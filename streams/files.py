@@ -24,12 +24,11 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Literal, Protocol
 
-from streams import native_spec
 from streams.errors import DecodeError
-from streams.native_spec import NativeBatch
 from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
+from streams.spanpath import SpanPath, StepBatch
 from streams.spans import SpanRecord
 
 __all__ = [
@@ -285,11 +284,11 @@ def iter_payloads(paths: Iterable[str | Path]) -> Iterator[Payload]:
 def iter_batches(
     paths: Iterable[str | Path],
     on_error: Callable[[DecodeError], None],
-    span_path: Any = None,
-) -> Generator[tuple[str, list[SpanRecord] | NativeBatch], None, None]:
-    """(source, spans) for every export message under `paths`; with a native `span_path`
-    (streams/native_spec.py) a message it can take (protobuf or JSON) is its NativeBatch
-    instead, never decoded into Python objects.
+    span_path: SpanPath | None = None,
+) -> Generator[tuple[str, list[SpanRecord] | StepBatch], None, None]:
+    """(source, spans) for every export message under `paths`; with a `span_path`
+    (streams/spanpath.py) each message's steps instead (natively when it can, never
+    decoded into Python objects then).
 
     Problems are reported through `on_error` and reading goes on: an undecodable message
     is skipped; a file whose framing or compression is broken is abandoned at that point
@@ -309,12 +308,11 @@ def iter_batches(
                 except DecodeError as e:
                     on_error(e)
                     break
-                if span_path is not None:
-                    batch = native_spec.normalize(span_path, payload.data, payload.encoding)
-                    if batch is not None:
+                try:
+                    if span_path is not None:
+                        batch = span_path.message(payload.data, payload.encoding, payload.source)
                         yield payload.source, batch
                         continue
-                try:
                     spans = decode_record(payload.data, payload.encoding, payload.source)
                 except DecodeError as e:
                     on_error(e)

@@ -30,13 +30,11 @@ from detectors.errors import LoopwatchError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step, step_values
 from detectors.policy import Policy
-from streams import native_spec
 from streams.engine import Tally, report_invalid
 from streams.errors import DecodeError
-from streams.native_spec import NativeBatch
-from streams.normalize import Normalizer
-from streams.otlp import OTLP_PROTO, decode_record
-from streams.runloop import MemoryStore, RunLoop, group_steps
+from streams.otlp import OTLP_PROTO
+from streams.runloop import MemoryStore, RunLoop
+from streams.spanpath import SpanPath, StepBatch
 from streams.spans import SpanRecord
 
 STEP_BYTES = 700  # a held step: measured 680 B with the native span path (shared strs)
@@ -139,8 +137,7 @@ class Replay:
         spill_dir: str | None = None,
     ) -> None:
         self.policy = policy
-        self.normalizer = Normalizer(policy, fingerprinter)
-        self.span_path = native_spec.build(policy, fingerprinter)  # None: Python normalizer
+        self.span_path = SpanPath.of(policy, fingerprinter)
         self.on_invalid = on_invalid
         self.tally = Tally(on_event, on_summary)
         self.stats = self.tally.stats
@@ -154,29 +151,23 @@ class Replay:
         self.spill: Spill | None = None
         self._latest_end = 0
 
-    def feed(self, spans: Sequence[SpanRecord] | NativeBatch) -> None:
-        """One export message: decoded spans, or the native normalizer's result for it."""
+    def feed(self, spans: Sequence[SpanRecord] | StepBatch) -> None:
+        """One export message: its decoded spans, or its steps."""
+        batch = spans if isinstance(spans, StepBatch) else self.span_path.spans(spans)
         stats = self.stats
         stats.batches += 1
-        if isinstance(spans, NativeBatch):
-            stats.spans += spans.spans
-            for span_id, trace_id, exc in spans.invalid_spans:
-                report_invalid(self.on_invalid, span_id, trace_id, exc)
-            by_run, invalid = spans.by_run, spans.invalid
-            first_end, last_end = spans.first_end, spans.last_end
-        else:
-            stats.spans += len(spans)
-            by_run, invalid, last_end = group_steps(self.normalizer, spans, self._invalid)
-            first_end = min((s.end_ns for steps in by_run.values() for s in steps), default=0)
-        stats.invalid_spans += invalid
-        if by_run and first_end:
+        stats.spans += batch.spans
+        stats.invalid_spans += batch.invalid
+        for span_id, trace_id, exc in batch.invalid_spans:
+            report_invalid(self.on_invalid, span_id, trace_id, exc)
+        if batch.by_run and batch.first_end:
             order = self.order
-            if self._latest_end - first_end > order.disorder_ns:
-                order.disorder_ns = self._latest_end - first_end
-            if last_end > self._latest_end:
-                self._latest_end = last_end
+            if self._latest_end - batch.first_end > order.disorder_ns:
+                order.disorder_ns = self._latest_end - batch.first_end
+            if batch.last_end > self._latest_end:
+                self._latest_end = batch.last_end
         held = self.held
-        for run_id, steps in by_run.items():
+        for run_id, steps in batch.by_run.items():
             have = held.get(run_id)
             if have is None:
                 held[run_id] = steps
@@ -193,13 +184,8 @@ class Replay:
         self._latest_end = 0
 
     def feed_bytes(self, data: bytes, where: str = "record", encoding: str = OTLP_PROTO) -> None:
-        """One OTLP export message (protobuf, or JSON): the native span path when it can
-        take it, else decoded (DecodeError for malformed input) and normalized in Python."""
-        batch = native_spec.normalize(self.span_path, data, encoding)
-        self.feed(batch if batch is not None else decode_record(data, encoding, where))
-
-    def _invalid(self, span: Any, exc: Exception) -> None:
-        report_invalid(self.on_invalid, span.span_id, span.trace_id, type(exc).__name__)
+        """One OTLP export message (protobuf, or JSON); DecodeError when it is malformed."""
+        self.feed(self.span_path.message(data, encoding, where))
 
     def _spill(self) -> None:
         if self.spill is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Protocol
@@ -33,7 +33,6 @@ from detectors.policy import Policy
 from detectors.state import DEFERRED_CAP, RunState
 from streams.deadlines import Deadline, DeadlineIndex
 from streams.errors import DecodeError
-from streams.normalize import STEP_ERRORS, Normalizer
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -151,31 +150,6 @@ def labelled_event(finding: Finding, state: RunState, policy: Policy) -> dict[st
             pending = False
     event["labels_pending"] = pending
     return event
-
-
-def group_steps(
-    normalizer: Normalizer,
-    spans: Iterable[Any],
-    on_invalid: Callable[[Any, Exception], None] | None = None,
-) -> tuple[dict[str, list[Step]], int, int]:
-    """Normalize a decoded batch and group its steps by run id (first-seen order). Returns
-    (steps by run, invalid spans skipped, the latest end time of the steps)."""
-    by_run: dict[str, list[Step]] = {}
-    invalid = 0
-    max_end = 0
-    step_of = normalizer.step
-    for span in spans:
-        try:
-            step = step_of(span)
-        except STEP_ERRORS as exc:
-            invalid += 1
-            if on_invalid is not None:
-                on_invalid(span, exc)
-            continue
-        by_run.setdefault(step.run_id, []).append(step)
-        if step.end_ns > max_end:
-            max_end = step.end_ns
-    return by_run, invalid, max_end
 
 
 class RunLoop:

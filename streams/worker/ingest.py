@@ -14,11 +14,9 @@ import logging
 from typing import Any
 
 from detectors.model import Step
-from streams import native_spec
 from streams.errors import DecodeError
 from streams.normalize import Normalizer
-from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
-from streams.runloop import group_steps
+from streams.spanpath import SpanPath
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.delivery import Abandoned, Outgoing, Publisher, Sent
@@ -51,13 +49,7 @@ class InputReader:
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.counters = counters
-        # protobuf and JSON records: bytes to steps natively when the extension takes this
-        # policy (an unknown encoding is named by decode_record's error)
-        self.span_path = (
-            native_spec.build(normalizer.policy, normalizer.fp)
-            if encoding in (OTLP_PROTO, OTLP_JSON)
-            else None
-        )
+        self.span_path = SpanPath(normalizer)
 
     async def decode(
         self, message: Any, sent: list[Sent]
@@ -65,18 +57,13 @@ class InputReader:
         """(steps by run, spans, invalid spans); None when it was dead-lettered (the dead
         letter is added to `sent`)."""
         source = f"{message.topic}/{message.partition}@{message.offset}"
-        batch = native_spec.normalize(self.span_path, message.value, self.encoding)
-        if batch is not None:
-            by_run, invalid, n_spans = batch.by_run, batch.invalid, batch.spans
-        else:
-            try:
-                spans = decode_record(message.value, self.encoding, source)
-            except DecodeError as exc:
-                self.metrics.decode_error("decode_error")
-                sent.append(await self.dead_letters.send(message, "decode_error", str(exc)))
-                return None
-            by_run, invalid, _ = group_steps(self.normalizer, spans)
-            n_spans = len(spans)
+        try:
+            batch = self.span_path.message(message.value, self.encoding, source)
+        except DecodeError as exc:
+            self.metrics.decode_error("decode_error")
+            sent.append(await self.dead_letters.send(message, "decode_error", str(exc)))
+            return None
+        by_run, invalid, n_spans = batch.by_run, batch.invalid, batch.spans
         if invalid:
             self.metrics.decode_error("invalid_span")
             log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)

@@ -161,7 +161,7 @@ def test_100k_distinct_runs_stay_bounded() -> None:
     assert peak_schedule <= 2_400, peak_schedule
     assert len(engine.loop.index) == 0 and not engine.runs
     assert len(engine.finished) <= FINISHED_MEMORY
-    assert len(engine.normalizer._resources) <= 4097
+    assert len(engine.span_path.normalizer._resources) <= 4097
     assert sink.summaries == 100_000
     assert sink.outcomes == {"incomplete_trace": 100_000}
     assert grown < 96 * 2**20, f"RSS grew {grown / 2**20:.1f} MB over 100k runs"

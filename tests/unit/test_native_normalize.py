@@ -44,7 +44,7 @@ from streams.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODES
 from streams.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
 from streams.otlp.proto import decode_proto_py
 from streams.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
-from streams.runloop import group_steps
+from streams.spanpath import SpanPath, group_steps
 from streams.worker.ingest import InputReader
 from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
@@ -732,7 +732,13 @@ def test_json_files_are_read_natively(tmp_path: Path) -> None:
     f = tmp_path / "traces.jsonl"
     f.write_bytes(lines[0] + b"\n" + lines[1][:-5] + b"\n" + lines[2] + b"\n")
     errors: list[DecodeError] = []
-    got = list(iter_batches([f], errors.append, path))
+    got = list(
+        iter_batches(
+            [f],
+            errors.append,
+            SpanPath(Normalizer(POLICIES["examples"], Fingerprinter(b"test-key")), path),
+        )
+    )
     assert [s for s, _ in got] == [f"{f}:1", f"{f}:3"]
     assert all(isinstance(b, NativeBatch) for _, b in got)
     (error,) = errors
@@ -746,13 +752,13 @@ async def test_worker_json_records_are_normalized_natively(
     policy = POLICIES["examples"]
     normalizer = Normalizer(policy, Fingerprinter(b"test-key"))
     reader = InputReader(normalizer, OTLP_JSON, None, None, {})
-    assert reader.span_path is not None
+    assert reader.span_path.native is not None
     data = proto_to_json_bytes(next(d for s, d in FIXTURES if "examples" in s))
     message = SimpleNamespace(topic="otlp_json", partition=0, offset=1, value=data)
     got = await reader.decode(message, [])
     want, invalid, _ = group_steps(normalizer, decode_json_py(data))
     assert got is not None and got[0] == want and got[2] == invalid == 0
-    assert native_spec.normalize(reader.span_path, data, OTLP_JSON) is not None
+    assert native_spec.normalize(reader.span_path.native, data, OTLP_JSON) is not None
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))

@@ -17,7 +17,8 @@ from detectors.model import Step
 from detectors.policy import Policy
 from streams.engine import Engine
 from streams.normalize import Normalizer
-from streams.runloop import NS, MemoryStore, RunLoop, group_steps
+from streams.runloop import NS, MemoryStore, RunLoop
+from streams.spanpath import group_steps
 from streams.worker.store import TableStore
 from tests.spankit import Run, example_policy
 

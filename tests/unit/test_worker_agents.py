@@ -246,7 +246,7 @@ async def test_an_unexpected_error_is_an_internal_error_dead_letter(
         raise RuntimeError("customer text must not leak: SECRET")
 
     monkeypatch.setattr(service.normalizer, "step", boom)
-    monkeypatch.setattr(service.reader, "span_path", None)  # the Python normalizer's step
+    monkeypatch.setattr(service.reader.span_path, "native", None)  # the Python normalizer
     record = encode_request(looping_run(5).spans)
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 9, None, record)))
     (dead,) = service.topics["dead"].sent
