@@ -63,10 +63,27 @@ class Tally:
     """The replay's sink of the run loop (streams/runloop.py `Sink`): events and summaries
     go to the callbacks, and everything is counted into `stats`."""
 
-    def __init__(self, on_event: EventSink, on_summary: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        on_event: EventSink,
+        on_summary: EventSink | None = None,
+        on_invalid: Callable[[str], None] | None = None,
+    ) -> None:
         self.on_event = on_event
         self.on_summary = on_summary
+        self.on_invalid = on_invalid
         self.stats = Stats()
+
+    def arrived(self, batch: StepBatch) -> None:
+        """One export message's steps came in: counted, its invalid spans reported (ids
+        and the exception's name, never the span's content)."""
+        stats = self.stats
+        stats.batches += 1
+        stats.spans += batch.spans
+        stats.invalid_spans += batch.invalid
+        if self.on_invalid is not None:
+            for span_id, trace_id, exc in batch.invalid_spans:
+                self.on_invalid(str(InputError(f"span {span_id} of trace {trace_id}: {exc}")))
 
     def event(self, event: dict[str, Any]) -> None:
         stats = self.stats
@@ -104,13 +121,6 @@ class Tally:
         pass  # the replay has no capacity bound
 
 
-def report_invalid(
-    on_invalid: Callable[[str], None] | None, span_id: str, trace_id: str, exc: str
-) -> None:
-    if on_invalid is not None:
-        on_invalid(str(InputError(f"span {span_id} of trace {trace_id}: {exc}")))
-
-
 class Engine:
     """The run loop over batches in arrival order, state in dicts, an event-time watermark
     (the latest span end delivered) as the clock: the stream's processing of keyed input
@@ -129,8 +139,7 @@ class Engine:
     ) -> None:
         self.policy = policy
         self.span_path = SpanPath.of(policy, fingerprinter)
-        self.on_invalid = on_invalid
-        self.tally = Tally(on_event, on_summary)
+        self.tally = Tally(on_event, on_summary, on_invalid)
         self.stats = self.tally.stats
         self.store = MemoryStore(FINISHED_MEMORY)
         self.loop = RunLoop(policy, self.store, release_timer=False)
@@ -140,13 +149,8 @@ class Engine:
 
     def feed(self, spans: Sequence[SpanRecord] | StepBatch) -> None:
         """One delivered batch (an OTLP export message): its decoded spans, or its steps."""
-        batch = spans if isinstance(spans, StepBatch) else self.span_path.spans(spans)
-        stats = self.stats
-        stats.batches += 1
-        stats.spans += batch.spans
-        stats.invalid_spans += batch.invalid
-        for span_id, trace_id, exc in batch.invalid_spans:
-            report_invalid(self.on_invalid, span_id, trace_id, exc)
+        batch = self.span_path.steps(spans)
+        self.tally.arrived(batch)
         if batch.max_end > self.watermark_ns:
             self.watermark_ns = batch.max_end
         self.feed_steps(batch.by_run)

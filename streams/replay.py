@@ -30,7 +30,7 @@ from detectors.errors import LoopwatchError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step, step_values
 from detectors.policy import Policy
-from streams.engine import Tally, report_invalid
+from streams.engine import Tally
 from streams.errors import DecodeError
 from streams.otlp import OTLP_PROTO
 from streams.runloop import MemoryStore, RunLoop
@@ -138,8 +138,7 @@ class Replay:
     ) -> None:
         self.policy = policy
         self.span_path = SpanPath.of(policy, fingerprinter)
-        self.on_invalid = on_invalid
-        self.tally = Tally(on_event, on_summary)
+        self.tally = Tally(on_event, on_summary, on_invalid)
         self.stats = self.tally.stats
         self.order = Order()
         # each run comes whole, once: no finished runs to remember
@@ -153,13 +152,8 @@ class Replay:
 
     def feed(self, spans: Sequence[SpanRecord] | StepBatch) -> None:
         """One export message: its decoded spans, or its steps."""
-        batch = spans if isinstance(spans, StepBatch) else self.span_path.spans(spans)
-        stats = self.stats
-        stats.batches += 1
-        stats.spans += batch.spans
-        stats.invalid_spans += batch.invalid
-        for span_id, trace_id, exc in batch.invalid_spans:
-            report_invalid(self.on_invalid, span_id, trace_id, exc)
+        batch = self.span_path.steps(spans)
+        self.tally.arrived(batch)
         if batch.by_run and batch.first_end:
             order = self.order
             if self._latest_end - batch.first_end > order.disorder_ns:

@@ -49,6 +49,10 @@ class SpanPath:
         batch = native_spec.normalize(self.native, data, encoding)
         return batch if batch is not None else self.spans(decode_record(data, encoding, where))
 
+    def steps(self, spans: Sequence[SpanRecord] | StepBatch) -> StepBatch:
+        """A message's steps from its decoded spans, or the steps as they are."""
+        return spans if isinstance(spans, StepBatch) else self.spans(spans)
+
     def spans(self, spans: Sequence[SpanRecord]) -> StepBatch:
         """Decoded spans of one message, normalized in Python."""
         invalid_spans: list[tuple[str, str, str]] = []
