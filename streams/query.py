@@ -17,7 +17,6 @@ import http.client
 import ipaddress
 import json
 import os
-import re
 import socket
 import sys
 import urllib.error
@@ -27,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.errors import LoopwatchError
+from streams import api_params
 
 __all__ = [
     "BY_LABELS",
@@ -41,10 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_API = "http://127.0.0.1:6066"
-BY_LABELS = ("shape", "prompt_version", "tool_version")
-SINCE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_SINCE_SECONDS = 366 * 86400
-_SINCE = re.compile(r"([0-9]{1,7})([smhd])").fullmatch
+BY_LABELS = api_params.LOOP_LABELS
 DIGEST_CHARS = 12  # fingerprints/digests are shortened in tables (--json has them whole)
 MAX_CELL = 60
 
@@ -67,31 +64,19 @@ FINDING_COLUMNS = (
 
 
 def parse_since(text: str) -> str:
-    """A look-back window: a positive integer and one of s, m, h, d (30m, 1h, 24h, 7d)."""
-    m = _SINCE(text.strip())
-    if not m or int(m.group(1)) == 0:
-        raise LoopwatchError(
-            f"--since {text!r}: expected a duration like 30m, 1h, 24h or 7d (units s, m, h, d)"
-        )
-    if int(m.group(1)) * SINCE_UNITS[m.group(2)] > MAX_SINCE_SECONDS:
-        raise LoopwatchError(f"--since {text!r}: at most 366d")
-    return f"{int(m.group(1))}{m.group(2)}"
+    """`--since` (streams/api_params.py: the API's rule) -> its canonical text."""
+    try:
+        return api_params.parse_since(text)[0]
+    except api_params.ParamError as exc:
+        raise LoopwatchError(exc.named("--since")) from None
 
 
 def parse_by(text: str) -> list[str]:
-    """Comma-separated group-by labels, each one of BY_LABELS, no repeats."""
-    labels = [part.strip() for part in text.split(",")]
-    if not text.strip() or any(not label for label in labels):
-        raise LoopwatchError(
-            f"--by {text!r}: expected comma-separated labels from {', '.join(BY_LABELS)}"
-        )
-    for label in labels:
-        if label not in BY_LABELS:
-            raise LoopwatchError(f"--by: unknown label {label!r}; labels: {', '.join(BY_LABELS)}")
-    dup = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
-    if dup is not None:
-        raise LoopwatchError(f"--by: label {dup!r} given twice")
-    return labels
+    """`--by` (streams/api_params.py: the API's rule) -> the labels."""
+    try:
+        return api_params.parse_by(text)
+    except api_params.ParamError as exc:
+        raise LoopwatchError(exc.named("--by")) from None
 
 
 def _base_url(arg: str | None) -> str:

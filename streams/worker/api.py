@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from alerts.events import event_id
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
+from streams import api_params
+from streams.api_params import DEFAULT_SINCE, LOOP_LABELS
 from streams.worker.store import decode_envelope
 
 NS = 1_000_000_000
-# Labels of the /loops and /runs aggregates (order = the row fields).
-LOOP_LABELS = ("shape", "prompt_version", "tool_version")
-RUN_LABELS = ("prompt_version", "outcome", "termination_reason")
-MAX_SINCE_SECONDS = 366 * 86400  # as `loopwatch query`; counters keep 24 h
-_SINCE_RE = re.compile(r"^([0-9]{1,9})([smhd]?)$")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class BadRequest(ValueError):
@@ -31,34 +26,23 @@ class PeerError(RuntimeError):
     """Another worker did not answer its share of an aggregate (HTTP 503)."""
 
 
-def parse_since(text: str | None, default: str = "1h") -> tuple[str, int]:
-    """'90s', '15m', '1h', '7d' (a bare number is seconds) -> seconds, 1 s .. 366 d.
-
-    The windowed counters keep 24 h, so a longer window covers what is kept."""
-    raw = (text if text is not None else default).strip()
-    m = _SINCE_RE.match(raw)
-    if not m:
-        raise BadRequest(f"since={raw!r}: expected a positive duration like 90s, 15m, 1h or 1d")
-    seconds = int(m.group(1)) * _UNIT[m.group(2)]
-    if seconds <= 0 or seconds > MAX_SINCE_SECONDS:
-        raise BadRequest(f"since={raw!r}: must be between 1s and 366d")
-    return raw, seconds
+def parse_since(text: str | None) -> tuple[str, int]:
+    """`since=` (streams/api_params.py; default 1h) -> (its text, seconds). The windowed
+    counters keep 24 h, so a longer window covers what is kept."""
+    try:
+        return api_params.parse_since(text if text is not None else DEFAULT_SINCE)
+    except api_params.ParamError as exc:
+        raise BadRequest(exc.named("since")) from None
 
 
 def parse_by(text: str | None) -> list[str]:
+    """`by=` (streams/api_params.py; default every label of /loops)."""
     if text is None:
         return list(LOOP_LABELS)
-    labels = [part.strip() for part in text.split(",")]
-    if not labels or any(not part for part in labels):
-        raise BadRequest(
-            f"by={text!r}: expected a comma-separated subset of {','.join(LOOP_LABELS)}"
-        )
-    unknown = [label for label in labels if label not in LOOP_LABELS]
-    if unknown:
-        raise BadRequest(f"by: unknown label {unknown[0]!r}; labels: {', '.join(LOOP_LABELS)}")
-    if len(set(labels)) != len(labels):
-        raise BadRequest(f"by={text!r}: a label is repeated")
-    return labels
+    try:
+        return api_params.parse_by(text)
+    except api_params.ParamError as exc:
+        raise BadRequest(exc.named("by")) from None
 
 
 def aggregate_key(labels: Iterable[Any], partition: int) -> str:

@@ -10,9 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from streams.api_params import LOOP_LABELS, RUN_LABELS
 from streams.worker.api import (
-    LOOP_LABELS,
-    RUN_LABELS,
     BadRequest,
     PeerError,
     check_bearer,

@@ -8,9 +8,8 @@ import json
 
 import pytest
 
+from streams.api_params import LOOP_LABELS, RUN_LABELS
 from streams.worker.api import (
-    LOOP_LABELS,
-    RUN_LABELS,
     BadRequest,
     aggregate_key,
     check_bearer,

@@ -1,0 +1,56 @@
+"""The on-call API's query parameters, one contract for both ends: `loopwatch query`
+checks them before any request (streams/query.py, `--since`, `--by`) and the worker's API
+answers 400 for the same values (streams/worker/views.py, `since=`, `by=`).
+
+A `ParamError` message has a `{name}` placeholder for the parameter as the caller spells
+it, so each end names it its own way with the same rule behind it.
+"""
+
+from __future__ import annotations
+
+import re
+
+LOOP_LABELS = ("shape", "prompt_version", "tool_version")  # /loops rows, in this order
+RUN_LABELS = ("prompt_version", "outcome", "termination_reason")  # /runs rows
+DEFAULT_SINCE = "1h"
+MAX_SINCE_SECONDS = 366 * 86400
+SINCE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SINCE = re.compile(r"([0-9]{1,9})([smhd]?)").fullmatch
+
+
+class ParamError(ValueError):
+    """A malformed parameter; `str(e)` has `{name}` where the parameter's name goes."""
+
+    def named(self, name: str) -> str:
+        return str(self).replace("{name}", name)
+
+
+def parse_since(text: str) -> tuple[str, int]:
+    """A look-back window, '90s', '15m', '1h', '7d' or a bare number of seconds, from 1 s to
+    366 d -> (its canonical text, seconds)."""
+    m = _SINCE(text.strip())
+    if not m or int(m.group(1)) == 0:
+        raise ParamError(
+            f"{{name}} {text!r}: expected a duration like 90s, 30m, 1h, 24h or 7d "
+            "(units s, m, h, d; a bare number is seconds)"
+        )
+    seconds = int(m.group(1)) * SINCE_UNITS[m.group(2)]
+    if seconds > MAX_SINCE_SECONDS:
+        raise ParamError(f"{{name}} {text!r}: at most 366d")
+    return f"{int(m.group(1))}{m.group(2)}", seconds
+
+
+def parse_by(text: str, labels: tuple[str, ...] = LOOP_LABELS) -> list[str]:
+    """Comma-separated group-by labels, each one of `labels`, none twice."""
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not part for part in parts):
+        raise ParamError(
+            f"{{name}} {text!r}: expected comma-separated labels from {', '.join(labels)}"
+        )
+    for part in parts:
+        if part not in labels:
+            raise ParamError(f"{{name}}: unknown label {part!r}; labels: {', '.join(labels)}")
+    twice = next((part for i, part in enumerate(parts) if part in parts[:i]), None)
+    if twice is not None:
+        raise ParamError(f"{{name}}: label {twice!r} given twice")
+    return parts
