@@ -5,19 +5,17 @@ calling into `Worker` (streams/worker/service.py), which holds the parts.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import time
-import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, cast
 
 from detectors.policy import Policy
 from streams.normalize import Normalizer
-from streams.worker import recovery_fix
+from streams.worker import faust_internals
 from streams.worker.broker import BROKER_PROBE_SECONDS
 from streams.worker.service import Worker
 from streams.worker.store import Tables
@@ -41,7 +39,7 @@ def rocksdb_memory(tables: Iterable[Any]) -> dict[str, int]:
     """/healthz `store_memory_bytes`: empty for the in-memory store."""
     out: dict[str, int] = {}
     for table in tables:
-        for db in list(getattr(table.data, "_dbs", {}).values()):
+        for db in faust_internals.table_databases(table):
             for name, prop in _ROCKSDB_MEMORY.items():
                 try:
                     value = db.property_int_value(prop)
@@ -66,23 +64,6 @@ def consumer_conf(s: Any) -> dict[str, Any]:
         "consumer_max_fetch_size": s.fetch_partition_mb * 1024 * 1024,
         "stream_wait_empty": False,
     }
-
-
-@contextlib.contextmanager
-def _in_event(event: Any) -> Iterator[None]:
-    """Make `event` faust's current event: table writes go to its partition.
-
-    Batched processing (take_events) handles several partitions per batch; faust's table and
-    rocksdb store pick the partition from the current event, so each run's writes happen
-    with an event of that run's partition set.
-    """
-    from faust.streams import _current_event
-
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
 
 
 def _wall_clock(event: Any = None) -> float:
@@ -116,7 +97,7 @@ class LoopwatchService:
         self.settings = s = settings
         # faust clears the stream queues after its end-of-recovery seek: records fetched
         # during the seek were lost (the restart stall, issue 16)
-        recovery_fix.install()
+        faust_internals.install_recovery_fix()
         s.data_path.mkdir(parents=True, exist_ok=True)
         self.app: Any = cast(Any, faust.App)(
             s.app_id,
@@ -173,7 +154,11 @@ class LoopwatchService:
         run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
         self.all_tables = (self.runs, self.finished, loop_counts_raw, run_counts_raw)
         tables = Tables(
-            self.runs, self.finished, windowed(loop_counts_raw), windowed(run_counts_raw), _in_event
+            self.runs,
+            self.finished,
+            windowed(loop_counts_raw),
+            windowed(run_counts_raw),
+            faust_internals.in_event,
         )
         self.worker = worker = Worker(
             s,
@@ -218,7 +203,7 @@ class LoopwatchService:
             await timers.send_ticks()
 
         async def lag() -> None:
-            timers.update_lag(getattr(app, "_consumer", None))
+            timers.update_lag(faust_internals.consumer_if_started(app))
 
         async def input_clock() -> None:
             await timers.advance_input_clock()

@@ -14,7 +14,7 @@ store.py + codec.py + packing.py + unpacking.py (table values), driver.py (`RunD
 streams/runloop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
 skips.py (records the stream skipped), clock.py (the deadline / input clock), ingest.py,
 detect.py, timers.py (one per agent), api.py + views.py (the on-call API), broker.py (the
-broker's state), statedir.py (the data directory), recovery_fix.py (a faust race), and
+broker's state), statedir.py (the data directory), faust_internals.py (faust's private internals, one door), and
 faust_app.py (the app, topics, tables, agents and timers).
 
 Time: a run's clock is its event time (``max_end_ns`` of its spans) advanced by the

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from streams.refetch import OffsetGaps, Refetcher
+from streams.worker.faust_internals import committed_offsets
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -48,8 +49,8 @@ class SkipGuard:
         """Offsets [first, end) of `message`'s partition the stream skipped before it. The
         first record after an assignment is checked against the committed offset faust's
         consumer sought to (a faust internal: no broker call on the hot path)."""
-        offsets = getattr(self.consumer(), "_committed_offset", None)
-        if not isinstance(offsets, Mapping):
+        offsets = committed_offsets(self.consumer())
+        if offsets is None:
             offsets = {}
             if not self._head_check_off:
                 self._head_check_off = True

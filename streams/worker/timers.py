@@ -20,6 +20,7 @@ from typing import Any, cast
 from streams.worker.clock import DeadlineClock
 from streams.worker.delivery import Outgoing, Publisher, ignore_failure
 from streams.worker.driver import RunDriver
+from streams.worker.faust_internals import read_offsets
 from streams.worker.formats import encode_tick
 
 TICK_RESEND_SECONDS = 10.0  # one tick in flight per partition, sent again if lost
@@ -92,7 +93,7 @@ class Timers:
                 continue
             try:
                 highwater = consumer.highwater(tp)
-                position = consumer._read_offset.get(tp)
+                position = read_offsets(consumer).get(tp)
             except Exception:
                 continue
             if highwater is None:

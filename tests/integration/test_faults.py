@@ -17,7 +17,7 @@
   partition's CURRENT file overwritten. The tables are rebuilt from the changelogs, the
   outputs equal the replay's and every input record is committed. The restarts run with
   the ``seek_race`` failpoint (tests/integration/failpoints/): without the fix of
-  streams/worker/recovery_fix.py the records fetched during faust's end-of-recovery seek
+  streams/worker/faust_internals.py the records fetched during faust's end-of-recovery seek
   are cleared from the stream queue, never processed, and their partition stalls.
 * **data dir unwritable** (`test_state_dir_unwritable`): at start (a file where the dir
   should be): one line, exit 2; while running (the dir made read-only, or as root a full

@@ -1,7 +1,7 @@
 """Tracing of faust's flow control for a worker under test (``LOOPWATCH_TRACE_FLOW=1``,
 see sitecustomize.py): logs seeks, pauses, resumes, queue clears (with the records they
 discard), the stream records fetched and each input record ingest takes. How the restart
-stall was found (streams/worker/recovery_fix.py)."""
+stall was found (streams/worker/faust_internals.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ flowtrace.py's tracing. Never on a production path: only tests put this director
 ``LOOPWATCH_FAILPOINT_SEEK_RACE=1``: at the end of table recovery, after aiokafka's seek
 to the committed offsets and before faust records them, wait (up to 5 s) until the
 fetcher has put a few stream records in a queue, when the flow lets it. This turns the race
-of streams/worker/recovery_fix.py, which a loaded machine hits now and then, into one
+of streams/worker/faust_internals.py, which a loaded machine hits now and then, into one
 that happens on every restart with a backlog whenever the flow is open during the seek.
 """
 

@@ -1,4 +1,18 @@
-"""A fix for a faust-streaming (0.15.3) race that loses input records after a restart or a
+"""Every use of faust's (and, through it, aiokafka's) private internals, and the one patch,
+in one place. faust-streaming is pinned to >=0.15.2,<0.16 (pyproject.toml);
+tests/unit/test_faust_internals.py has a test for each behaviour relied on here, so an
+upgrade that changes one fails a test that names it, not the worker in production.
+
+| what | why there is no public way | |
+|---|---|---|
+| `install_recovery_fix` | the end-of-recovery race below (faust-streaming #216 fixed it for apps without tables in #217; #253, which stopped fetching on suspend, was reverted in #256) | patch |
+| `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
+| `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
+| `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
+| `committed_offsets` | `Consumer._committed_offset`: the offsets faust sought to, without a broker call on the hot path | read |
+| `read_offsets` | `Consumer._read_offset`: the last offset faust handed to a stream, per partition | read |
+
+The recovery race (faust-streaming 0.15.3) loses input records after a restart or a
 rebalance, and stalls their partition until the next record arrives on it.
 
 At the end of table recovery faust's ``Recovery.on_recovery_completed`` resumes the
@@ -17,7 +31,7 @@ flow was resumed for the changelogs, so while ``perform_seek`` awaits the broker
    are gone. Nothing reads them again: the position is past them. They are never
    processed or acked; the committed offset stays at C.
 
-Seen with tracing (`LOOPWATCH_DEBUG_FLOW`, streams/worker/flowtrace.py): records
+Seen with tracing (`LOOPWATCH_DEBUG_FLOW`, tests/integration/failpoints/flowtrace.py): records
 fetched during the seek, then "flow_control.resume clears a queue: 3 items
 [otlp/3@6, otlp/3@7, otlp/3@8]", then read offset 5 and position 9 for that partition
 until the end. A later record on the partition reveals the gap (faust then even
@@ -31,8 +45,11 @@ cleared; faust's own ``on_recovery_completed`` then seeks, clears and resumes bo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 log = logging.getLogger("loopwatch.worker")
@@ -40,7 +57,7 @@ log = logging.getLogger("loopwatch.worker")
 _MARK = "_loopwatch_flow_stopped_before_seek"
 
 
-def install() -> bool:
+def install_recovery_fix() -> bool:
     """Wrap faust's ``Recovery.on_recovery_completed`` (once). False, with a warning,
     when faust no longer has what the fix relies on."""
     try:
@@ -71,3 +88,37 @@ def stop_flow_before_seek(app: Any) -> None:
     """Nothing reaches the stream queues until faust resumes the flow after its seek."""
     app.consumer.stop_flow()
     app.flow_control.suspend()
+
+
+@contextlib.contextmanager
+def in_event(event: Any) -> Iterator[None]:
+    """Make `event` faust's current event: table writes go to its partition."""
+    from faust.streams import _current_event
+
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def table_databases(table: Any) -> list[Any]:
+    """The rocksdb databases of a table's partitions (none for the in-memory store)."""
+    return list(getattr(table.data, "_dbs", {}).values())
+
+
+def consumer_if_started(app: Any) -> Any | None:
+    """The app's consumer if it has one, without creating it."""
+    return getattr(app, "_consumer", None)
+
+
+def committed_offsets(consumer: Any) -> Mapping[Any, Any] | None:
+    """The committed offset per partition faust sought to (None: faust no longer has it)."""
+    offsets = getattr(consumer, "_committed_offset", None)
+    return offsets if isinstance(offsets, Mapping) else None
+
+
+def read_offsets(consumer: Any) -> Mapping[Any, Any]:
+    """The last offset faust handed to a stream, per partition."""
+    offsets: Mapping[Any, Any] = consumer._read_offset
+    return offsets
