@@ -52,7 +52,7 @@ chaos: .venv/.installed ## long reliability suite: SIGKILLs, broker restarts, re
 lint: .venv/.installed ## ruff + mypy (strict on detectors/)
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/mypy detectors streams alerts bench
+	.venv/bin/mypy detectors streams alerts bench tests/support
 
 bench: .venv/.installed .venv/.native ## run the benchmarks and print the results table (writes bench/results/*.json)
 	scripts/kafka.sh start

@@ -25,14 +25,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.corpus import export_messages
-from bench.kafka import admin_client, bootstrap, create_topics, delete_topics
 from bench.replay_bench import replay_engine
-from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.otlp import decode_proto
 from streams.produce import split_by_trace
 from streams.replay import Replay
+from tests.support.kafka import admin_client, bootstrap, create_topics, delete_topics
+from tests.support.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc
 
 PARTITIONS = 4
 

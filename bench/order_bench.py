@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import export_messages
-from bench.deliveries import reshuffle, write_files
 from streams.files import write_jsonl, write_pb
 from streams.otlp import proto_to_json_bytes
+from tests.support.deliveries import reshuffle, write_files
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = ROOT / "examples" / "loopwatch.yaml"

@@ -3,7 +3,7 @@
 Everything binds to 127.0.0.1 on free ports and writes to the test's temp dir:
 
 * `binary`, `http_json`, `wait_for`, `stop_process`, `query`: small utilities (ports come
-  from bench.worker_proc's `free_port`, which never hands one out twice)
+  from tests.support.worker_proc's `free_port`, which never hands one out twice)
   (the same behaviour as the ones in ``test_rules_and_dashboards.py``; a missing binary is a
   failure, never a skip).
 * `Daemon`: a subprocess with a log file, started and waited for on ``/-/ready``; its log
@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.worker_proc import free_port
+from tests.support.worker_proc import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "rules" / "loopwatch.rules.yml"

@@ -54,8 +54,6 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.kafka import require_broker
-from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 from detectors.policy import load_policy
 from streams.otlp import decode_proto
 from tests.e2e.prom_support import (
@@ -75,6 +73,8 @@ from tests.e2e.prom_support import (
 )
 from tests.otlp_build import EXAMPLES, encode_request, file_messages, replay_messages, trace_key
 from tests.spankit import Run
+from tests.support.kafka import require_broker
+from tests.support.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 
 pytestmark = [pytest.mark.kafka, pytest.mark.prometheus]
 

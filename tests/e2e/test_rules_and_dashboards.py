@@ -25,8 +25,8 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from alerts.metrics import Metrics
-from bench.worker_proc import free_port
 from tests.e2e.prom_support import binary, http_json, query, stop_process, wait_for
+from tests.support.worker_proc import free_port
 
 pytestmark = pytest.mark.prometheus
 

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bench.kafka import (
+from tests.support.kafka import (
     bootstrap,
     create_topics,
     delete_topics,

@@ -48,13 +48,13 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.kafka import admin_client, require_broker
-from bench.worker_proc import WorkerProc, write_policy
 from streams.produce import split_by_trace
 from streams.spans import SpanRecord
 from tests.integration.worker_support import read_to_end
 from tests.otlp_build import encode_request, to_json
 from tests.spankit import CANARY_SHAPES, Canaries, Run, canary_runs
+from tests.support.kafka import admin_client, require_broker
+from tests.support.worker_proc import WorkerProc, write_policy
 
 pytestmark = pytest.mark.kafka
 

@@ -43,8 +43,6 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from bench.kafka import create_topics, require_broker
-from bench.worker_proc import REPO, WorkerProc, reader
 from tests.integration.test_chaos import (
     PacedProducer,
     chaos_policy,
@@ -53,6 +51,8 @@ from tests.integration.test_chaos import (
     kafka_sh,
 )
 from tests.integration.worker_support import Oracle, rooted_corpus
+from tests.support.kafka import create_topics, require_broker
+from tests.support.worker_proc import REPO, WorkerProc, reader
 
 pytestmark = pytest.mark.kafka
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from bench.kafka import bootstrap, create_topics, require_broker
-from bench.worker_proc import WorkerProc, write_policy
 from tests.integration.worker_support import Oracle, rooted_corpus, values
 from tests.otlp_build import encode_request
 from tests.spankit import Run
+from tests.support.kafka import bootstrap, create_topics, require_broker
+from tests.support.worker_proc import WorkerProc, write_policy
 
 pytestmark = pytest.mark.kafka
 

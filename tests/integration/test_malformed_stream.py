@@ -55,14 +55,14 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.kafka import require_broker
-from bench.worker_proc import WorkerProc, write_policy
 from streams.errors import DecodeError
 from streams.otlp import decode_record
 from streams.spans import STATUS_ERROR, SpanEvent
 from tests.integration.worker_support import LONG, Oracle, headers_of, rooted_corpus, values
 from tests.otlp_build import encode_request, example_files, file_messages, to_json
 from tests.spankit import Run
+from tests.support.kafka import require_broker
+from tests.support.worker_proc import WorkerProc, write_policy
 
 pytestmark = pytest.mark.kafka
 

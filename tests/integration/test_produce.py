@@ -24,18 +24,18 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from bench.kafka import (
+from streams.cli import main
+from streams.files import Payload, iter_payloads, write_jsonl, write_pb
+from streams.otlp import decode_record, proto_to_json_bytes
+from streams.produce import ProduceResult, produce_payloads, producer_config
+from streams.spans import SpanRecord
+from tests.support.kafka import (
     bootstrap,
     create_topics,
     delete_topics,
     require_broker,
     unique_topic,
 )
-from streams.cli import main
-from streams.files import Payload, iter_payloads, write_jsonl, write_pb
-from streams.otlp import decode_record, proto_to_json_bytes
-from streams.produce import ProduceResult, produce_payloads, producer_config
-from streams.spans import SpanRecord
 
 pytestmark = pytest.mark.kafka
 

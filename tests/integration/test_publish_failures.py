@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from bench.kafka import admin_client, bootstrap, create_topics, require_broker
-from bench.worker_proc import WorkerProc, write_policy
 from tests.otlp_build import encode_request
 from tests.spankit import Run
+from tests.support.kafka import admin_client, bootstrap, create_topics, require_broker
+from tests.support.worker_proc import WorkerProc, write_policy
 
 pytestmark = pytest.mark.kafka
 

@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from bench.deliveries import reshuffle, write_files
-from bench.kafka import bootstrap, create_topics, require_broker
-from bench.worker_proc import FINGERPRINT_KEY, WorkerProc, write_policy
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.files import expand_paths
 from streams.replay import Replay, replay_files
 from tests.integration.worker_support import Oracle, values
 from tests.otlp_build import EXAMPLES, example_files, file_messages
+from tests.support.deliveries import reshuffle, write_files
+from tests.support.kafka import bootstrap, create_topics, require_broker
+from tests.support.worker_proc import FINGERPRINT_KEY, WorkerProc, write_policy
 
 pytestmark = pytest.mark.kafka
 

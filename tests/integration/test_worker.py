@@ -35,8 +35,6 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.kafka import require_broker
-from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 from detectors.policy import load_policy
 from streams.otlp import decode_record
 from streams.produce import split_by_trace
@@ -49,6 +47,8 @@ from tests.otlp_build import (
     to_json,
 )
 from tests.spankit import Run
+from tests.support.kafka import require_broker
+from tests.support.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc, write_policy
 
 pytestmark = pytest.mark.kafka
 

@@ -20,9 +20,9 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.corpus import export_messages
-from bench.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, reader
 from detectors.policy import load_policy
 from tests.otlp_build import replay_messages
+from tests.support.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, reader
 
 LONG = os.environ.get("LOOPWATCH_CHAOS_LONG", "").lower() in ("1", "true", "yes", "on")
 

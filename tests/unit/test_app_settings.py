@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.worker_proc import free_port
 from detectors.errors import ConfigError
 from streams.settings import WorkerSettings
 from streams.topics import topic_specs
+from tests.support.worker_proc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

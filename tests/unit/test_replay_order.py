@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from bench.corpus import export_messages
-from bench.deliveries import reshuffle, write_files
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy
 from streams.cli import main
@@ -27,6 +26,7 @@ from streams.files import expand_paths, write_pb
 from streams.replay import Replay, replay_files
 from tests.otlp_build import EXAMPLES, example_files, file_messages
 from tests.spankit import Run, example_policy
+from tests.support.deliveries import reshuffle, write_files
 
 POLICY = example_policy()
 FRAMEWORKS = Path(__file__).resolve().parent.parent / "fixtures" / "frameworks"

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alerts.events import event_id
-from bench.deliveries import exported_in_time_order
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from streams.deadlines import Deadline, DeadlineIndex, FinishedIndex
@@ -33,6 +32,7 @@ from streams.worker.formats import (
 from streams.worker.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy
+from tests.support.deliveries import exported_in_time_order
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = load_policy(ROOT / "examples" / "loopwatch.yaml")

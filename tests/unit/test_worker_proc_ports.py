@@ -1,4 +1,4 @@
-"""bench/worker_proc.py's free_port: the test workers' ports never repeat within a process."""
+"""tests/support/worker_proc.py's free_port: the test workers' ports never repeat within a process."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench import worker_proc
+from tests.support import worker_proc
 
 
 def test_free_port_never_hands_out_the_same_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from bench.kafka import admin_client, bootstrap, delete_topics
+from tests.support.kafka import admin_client, bootstrap, delete_topics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "examples" / "loopwatch.yaml"
 FINGERPRINT_KEY = "integration-test-key"
 TABLES = ("runs", "finished", "loop_counts", "run_counts")
