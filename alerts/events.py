@@ -1,4 +1,4 @@
-"""The `loop_detected` event and the run summary (contracts.md §6).
+"""The `loop_detected` event and the run summary (docs/CONTRACTS.md §6).
 
 Events carry digests, names, codes and ids only. `event_id` is a pure function of
 (run, shape, episode key), so redelivery, replay and restarts never mint a second id.

@@ -1,4 +1,4 @@
-"""Canonical JSON and keyed digests (contracts.md §3).
+"""Canonical JSON and keyed digests (docs/CONTRACTS.md §3).
 
 Canonical form: parsed value, object keys sorted, array order kept, no insignificant
 whitespace, UTF-8. Nothing else is normalized unless a tool contract says so.

@@ -1,4 +1,4 @@
-"""Policy and tool contracts (contracts.md §4), strictly validated.
+"""Policy and tool contracts (docs/CONTRACTS.md §4), strictly validated.
 
 Unknown keys, wrong types and references to unknown tools are a ConfigError naming the
 file, the key path and what was expected: never a silent default.

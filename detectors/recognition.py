@@ -33,7 +33,7 @@ from detectors.reader import Reader
 
 KINDS = (TOOL, LLM, AGENT, HANDOFF, PLAN, SUMMARY)
 
-# Step fields read from span attributes (contracts.md §2).
+# Step fields read from span attributes (docs/CONTRACTS.md §2).
 FIELDS = (
     "operation",
     "span_kind",

@@ -59,7 +59,7 @@ OPENINFERENCE = "openinference"
 AGENTS_SDK = "agents-sdk"  # OpenInference style: flat spans under the agent, no sequence
 LANGGRAPH = "langgraph"  # OpenInference style: CHAIN node spans, metadata.langgraph_step
 
-# Shapes (contracts.md section 5).
+# Shapes (docs/CONTRACTS.md §5).
 IDENTICAL = "identical_repetition"
 CHURN = "argument_churn"
 OSCILLATION = "oscillation"

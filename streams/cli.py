@@ -1,4 +1,4 @@
-"""`loopwatch` command line (contracts.md §7). Errors are one clear line, never a traceback."""
+"""`loopwatch` command line (docs/CONTRACTS.md §7). Errors are one clear line, never a traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Span → Step: the attribute conventions of contracts.md §2 as data, plus the tool contract.
+"""Span → Step: the attribute conventions of docs/CONTRACTS.md §2 as data, plus the tool contract.
 
 Raw arguments and results are parsed here, reduced to keyed digests and a few declared
 fields, and dropped: nothing customer-provided leaves this module except as a digest.

@@ -1,7 +1,7 @@
 """The stream service: `Worker` wires the worker's parts together and answers for them
 (readiness, /healthz); streams/worker/faust_app.py connects it to faust.
 
-Topology (contracts.md §1, §6; architecture.md "The flow")::
+Topology (docs/CONTRACTS.md §1, §6; docs/ARCHITECTURE.md "The flow")::
 
     otlp_spans ──ingest──▶ loopwatch-steps ──detect──▶ loop_detected (key run_id)
       (raw OTLP batches)   steps by run id     │       loop_runs     (key run_id)

@@ -1,4 +1,4 @@
-"""The fingerprint primitives against their definitions (contracts.md §3)."""
+"""The fingerprint primitives against their definitions (docs/CONTRACTS.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Canary tests for contracts.md §3: raw argument and result values, status and exception
+"""Canary tests for docs/CONTRACTS.md §3: raw argument and result values, status and exception
 messages, model output and plan content never leave the process (embedded path).
 
 Every run here carries unique `CANARY-<kind>-<uuid>` strings in the places customer text
