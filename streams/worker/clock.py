@@ -1,6 +1,6 @@
 """The deadline clock: the wall clock, held back to the input clock (streams/input_clock.py)
 for unkeyed input, so that a run is not finalized while spans that may belong to it wait in
-another input partition's backlog (README "Input partitioning")."""
+another input partition's backlog (docs/OPERATIONS.md "Input partitioning")."""
 
 from __future__ import annotations
 

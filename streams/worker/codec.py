@@ -1,6 +1,6 @@
 """Compact binary encoding of a RunState: the value of the worker's `runs` table (inside the
 envelope of streams/worker/store.py), decoded and re-encoded for every batch a run receives
-(README "Performance": ≤ 2 KiB per active run).
+(docs/PERFORMANCE.md: ≤ 2 KiB per active run).
 
 Format 2 (first byte 0x02):
 

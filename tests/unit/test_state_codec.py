@@ -1,7 +1,7 @@
 """The `runs` table's RunState encoding (streams/worker/codec.py): exact round trips, detection
 unchanged when every state goes through the codec between batches (as the stream worker's
 state does), format-1 JSON values still readable, corrupt values rejected with DecodeError,
-and the size target of README "Performance" (≤ 2 KiB per active run)."""
+and the size target of docs/PERFORMANCE.md (≤ 2 KiB per active run)."""
 
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def test_bounded_stop_exits_after_the_bound(
 
 def test_store_memory_is_read_from_every_open_rocksdb_partition(tmp_path: Path) -> None:
     """/healthz store_memory_bytes: rocksdb's memory by holder, summed over partitions
-    (what the README's memory analysis reads); nothing for the in-memory store."""
+    (what docs/PERFORMANCE.md's memory analysis reads); nothing for the in-memory store."""
     from types import SimpleNamespace
 
     import rocksdict
