@@ -26,7 +26,7 @@ COPY alerts ./alerts
 RUN pip install . && rm -rf /src
 COPY --from=native /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels \
-    && python -c "from streams import native; assert native.ACTIVE == 'native', native.describe()"
+    && python -c "from streams.spanpath import native; assert native.ACTIVE == 'native', native.describe()"
 
 # Unprivileged user; faust keeps its table state (rocksdb) under the working directory.
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/loopwatch loopwatch

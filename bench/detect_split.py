@@ -23,9 +23,9 @@ from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
 from streams.engine import Engine
-from streams.native_spec import NativeBatch
 from streams.runtime import tune_gc
 from streams.spanpath import SpanPath
+from streams.spanpath.native_spec import NativeBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = b"bench-key"
@@ -49,7 +49,7 @@ def load_other(tree: Path) -> tuple[Any, Any]:
     sys.path.insert(0, str(tree))
     try:
         engine_mod = importlib.import_module("streams.engine")
-        batch_mod = importlib.import_module("streams.native_spec")
+        batch_mod = importlib.import_module("streams.spanpath.native_spec")
     finally:
         sys.path.remove(str(tree))
         for k in [k for k in sys.modules if k.split(".")[0] in names]:

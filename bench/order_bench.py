@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.corpus import export_messages
 from streams.files import write_jsonl, write_pb
-from streams.otlp import proto_to_json_bytes
+from streams.spanpath.otlp import proto_to_json_bytes
 from tests.support.deliveries import reshuffle, write_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def _peak_of_one(path: Path, work: Path) -> float:
 
 
 def _spans(messages: list[bytes]) -> Any:
-    from streams.otlp import decode_proto
+    from streams.spanpath.otlp import decode_proto
 
     for m in messages:
         yield from decode_proto(m)

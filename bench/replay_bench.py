@@ -11,15 +11,15 @@ from typing import Any
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
-from streams import native
 from streams.engine import Engine
-from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_proto, proto_to_json_bytes
-from streams.otlp.json_decode import _decode_native as decode_json_native
-from streams.otlp.json_decode import decode_json_py
-from streams.otlp.proto import decode_proto_py
 from streams.replay import Replay
 from streams.runtime import tune_gc
-from streams.spans import SpanRecord
+from streams.spanpath import native
+from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, decode_proto, proto_to_json_bytes
+from streams.spanpath.otlp.json_decode import _decode_native as decode_json_native
+from streams.spanpath.otlp.json_decode import decode_json_py
+from streams.spanpath.otlp.proto import decode_proto_py
+from streams.spanpath.spans import SpanRecord
 from streams.worker.codec import encode_state
 
 

@@ -1,7 +1,7 @@
 """The shared model: a Step (one normalized span, content already reduced to digests) and a
 Finding (one loop episode crossing its threshold).
 
-A Step never carries raw tool arguments or results: the normalizer (streams/normalize.py)
+A Step never carries raw tool arguments or results: the normalizer (streams/spanpath/normalize.py)
 reduces them to keyed digests and a few declared, non-sensitive fields (error codes, a
 numeric version, whether a state is terminal) before the step leaves the decoding process.
 Steps are plain data so they can cross the internal Kafka topic and be replayed.

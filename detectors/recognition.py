@@ -3,7 +3,7 @@ plans or summaries, and where each step field is, per instrumentation *profile*.
 
 Profiles are YAML (the built-ins in detectors/profiles.yaml; a policy file adds or
 replaces them under `profiles:`), validated and compiled here into small matcher trees.
-Pure: streams/normalize.py applies a compiled profile to each decoded span.
+Pure: streams/spanpath/normalize.py applies a compiled profile to each decoded span.
 
 A profile:
 

@@ -39,7 +39,7 @@ fi
 if ! "$PY" -m pip install -q ./native >"$LOG" 2>&1; then
     fallback "cargo build failed with $(cargo --version 2>/dev/null), see $LOG"
 fi
-if ! "$PY" -c 'import sys; from streams import native; sys.exit(native.ACTIVE != "native")' \
+if ! "$PY" -c 'import sys; from streams.spanpath import native; sys.exit(native.ACTIVE != "native")' \
     >>"$LOG" 2>&1; then
     fallback "the built extension does not load, see $LOG"
 fi

@@ -353,7 +353,7 @@ def version_line() -> str:
     """'loopwatch 0.1.0, span path: native (loopwatch_native 0.1.0)' (or python, and why)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from streams import native
+    from streams.spanpath import native
 
     try:
         v = version("loopwatch")
@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in SPAN_COMMANDS:
-        from streams import native
+        from streams.spanpath import native
 
         native.warn_if_fallback()
     try:

@@ -18,10 +18,10 @@ from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
 from streams.errors import InputError
-from streams.otlp import OTLP_PROTO
 from streams.runloop import MemoryStore, RunLoop
 from streams.spanpath import SpanPath, StepBatch
-from streams.spans import SpanRecord
+from streams.spanpath.otlp import OTLP_PROTO
+from streams.spanpath.spans import SpanRecord
 
 MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go to "(other)"
 FINISHED_MEMORY = 100_000  # finalized run ids remembered to count spans arriving after the end

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import IO, Literal, Protocol
 
 from streams.errors import DecodeError
-from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
 from streams.spanpath import SpanPath, StepBatch
-from streams.spans import SpanRecord
+from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, decode_record
+from streams.spanpath.spans import SpanRecord
 
 __all__ = [
     "SUFFIXES",
@@ -287,7 +287,7 @@ def iter_batches(
     span_path: SpanPath | None = None,
 ) -> Generator[tuple[str, list[SpanRecord] | StepBatch], None, None]:
     """(source, spans) for every export message under `paths`; with a `span_path`
-    (streams/spanpath.py) each message's steps instead (natively when it can, never
+    (streams/spanpath/entry.py) each message's steps instead (natively when it can, never
     decoded into Python objects then).
 
     Problems are reported through `on_error` and reading goes on: an undecodable message

@@ -19,8 +19,8 @@ from typing import IO, Any
 from detectors.errors import LoopwatchError
 from detectors.model import OTHER, Step
 from detectors.policy import Policy, load_policy
-from streams.normalize import STEP_ERRORS, Normalizer
-from streams.spans import SpanRecord
+from streams.spanpath.normalize import STEP_ERRORS, Normalizer
+from streams.spanpath.spans import SpanRecord
 
 MAX_UNRECOGNIZED_ROWS = 40
 

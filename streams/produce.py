@@ -14,7 +14,7 @@ exporter/kafkaexporter/kafka_exporter.go and pkg/batchpersignal/batchpersignal.g
 - exports without spans never reach an exporter (the OTLP receiver drops them), so an empty
   export message in a file is skipped and counted, not sent.
 
-Every message is decoded with streams.otlp before it is sent (a message the worker could
+Every message is decoded with streams.spanpath.otlp before it is sent (a message the worker could
 not decode is reported and skipped, never produced) and re-marshaled in the target encoding,
 converting between the encodings when the file's differs.
 """
@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from detectors.errors import LoopwatchError
 from streams.errors import BrokerError, DecodeError
 from streams.files import Payload, expand_paths, iter_payloads
-from streams.otlp import (
+from streams.spanpath.otlp import (
     ENCODINGS,
     OTLP_JSON,
     OTLP_PROTO,

@@ -32,10 +32,10 @@ from detectors.model import Step, step_values
 from detectors.policy import Policy
 from streams.engine import Tally
 from streams.errors import DecodeError
-from streams.otlp import OTLP_PROTO
 from streams.runloop import MemoryStore, RunLoop
 from streams.spanpath import SpanPath, StepBatch
-from streams.spans import SpanRecord
+from streams.spanpath.otlp import OTLP_PROTO
+from streams.spanpath.spans import SpanRecord
 
 STEP_BYTES = 700  # a held step: measured 680 B with the native span path (shared strs)
 DEFAULT_MEMORY_MB = 512  # about 770k held steps before the first spill

@@ -1,5 +1,5 @@
 """The extension itself, for the differential tests: imported directly (not through
-streams.native), so CI's fallback pass (LOOPWATCH_NATIVE=0, LOOPWATCH_REQUIRE_NATIVE=1) still
+streams.spanpath.native), so CI's fallback pass (LOOPWATCH_NATIVE=0, LOOPWATCH_REQUIRE_NATIVE=1) still
 compares both implementations. Skipped only on a fallback-only installation; with
 LOOPWATCH_REQUIRE_NATIVE=1 a missing extension fails the tests instead."""
 

@@ -23,9 +23,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy
-from streams.otlp import decode_record, json_to_proto_bytes, proto_to_json_bytes
 from streams.replay import Replay
-from streams.spans import SpanRecord
+from streams.spanpath.otlp import decode_record, json_to_proto_bytes, proto_to_json_bytes
+from streams.spanpath.spans import SpanRecord
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -10,7 +10,7 @@ from typing import Any
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
 from streams.replay import Replay
-from streams.spans import STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanEvent, SpanRecord
+from streams.spanpath.spans import STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanEvent, SpanRecord
 
 # In the past: spans ending over a day after the wall clock are rejected as invalid.
 BASE_NS = 1_790_000_000_000_000_000  # 2026-09-21

@@ -1,5 +1,5 @@
 //! OTLP JSON -> the wire structures of `wire.rs`, with the behaviour of the Python reference
-//! `streams/otlp/json_decode.py` (which parses with CPython 3.11's `json` C scanner and then
+//! `streams/spanpath/otlp/json_decode.py` (which parses with CPython 3.11's `json` C scanner and then
 //! walks the dicts). Two phases, as there: the whole text is scanned into a tree first (so a
 //! syntax error anywhere wins over a semantic one), then the tree is walked in the reference's
 //! order, producing the reference's first error message.
@@ -1377,7 +1377,7 @@ fn scope_spans_of<'t, 'a>(rs: &'t Obj<'a>) -> R<&'t [J<'a>]> {
     jlist(ss, "scopeSpans")
 }
 
-/// streams.otlp.common._at
+/// streams.spanpath.otlp.common._at
 pub fn at(place: &str, reason: &str) -> String {
     if reason.starts_with("has ") || reason.starts_with("missing ") || reason.starts_with("is ") {
         format!("{} {}", place, reason)

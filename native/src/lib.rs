@@ -1,6 +1,6 @@
 //! loopwatch_native: the compiled span path. Today: OTLP protobuf bytes and OTLP JSON bytes ->
 //! SpanRecord values, the same values and the same DecodeError messages as
-//! `streams/otlp/proto.py` and `streams/otlp/json_decode.py` (the references;
+//! `streams/spanpath/otlp/proto.py` and `streams/spanpath/otlp/json_decode.py` (the references;
 //! `tests/unit/test_native.py` and `tests/unit/test_native_json.py` run both on the same
 //! inputs). Both formats are parsed into the structures of `wire.rs` first.
 
@@ -28,7 +28,7 @@ macro_rules! int {
 
 use wire::{Kv, Val};
 
-/// Bumped when the Python-facing signature or behaviour changes; `streams/native.py` refuses
+/// Bumped when the Python-facing signature or behaviour changes; `streams/spanpath/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
 const API: u32 = 5;
 
@@ -131,7 +131,7 @@ fn id_problem(tid: &[u8], sid: &[u8], pid: &[u8]) -> String {
     "has an all-zero (invalid) traceId or spanId".to_string()
 }
 
-/// streams.otlp.common._at
+/// streams.spanpath.otlp.common._at
 fn at(place: &str, reason: &str) -> String {
     if reason.starts_with("has ") || reason.starts_with("missing ") || reason.starts_with("is ") {
         format!("{} {}", place, reason)
@@ -272,7 +272,7 @@ fn span_record<'a, 'py>(
 /// decode_json(data, source, record, event, error, max_depth, max_digits, trailing_comma_msgs)
 /// -> list[record] | None
 ///
-/// OTLP JSON bytes, as `streams/otlp/json_decode.decode_json_py` decodes them. None when the
+/// OTLP JSON bytes, as `streams/spanpath/otlp/json_decode.decode_json_py` decodes them. None when the
 /// document nests deeper than `max_depth`: there the reference's outcome depends on Python's
 /// recursion limit, so the caller asks it. `max_digits` is sys.get_int_max_str_digits();
 /// `trailing_comma_msgs` is true on CPython 3.13+, whose json module names a trailing comma.

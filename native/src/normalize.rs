@@ -1,8 +1,8 @@
 //! The native normalizer: OTLP protobuf bytes -> steps grouped by run, the same steps as
-//! `group_steps(Normalizer(policy, fp), decode_proto(data))` (streams/normalize.py is the
+//! `group_steps(Normalizer(policy, fp), decode_proto(data))` (streams/spanpath/normalize.py is the
 //! reference; tests/unit/test_native_normalize.py compares the two).
 //!
-//! The policy arrives once, as the JSON spec of streams/native_spec.py. Regular expressions
+//! The policy arrives once, as the JSON spec of streams/spanpath/native_spec.py. Regular expressions
 //! (transient message patterns, termination message patterns) are Python `re` patterns,
 //! compiled from the spec's pattern text and called for the few spans that carry an error
 //! or status message, so they match exactly as the reference does.
@@ -1968,7 +1968,7 @@ type Batch<'py> = Option<(
 
 #[pymethods]
 impl SpanPath {
-    /// SpanPath(spec_json, step_cls, key): `spec_json` from streams/native_spec.py; raises
+    /// SpanPath(spec_json, step_cls, key): `spec_json` from streams/spanpath/native_spec.py; raises
     /// ValueError naming what the native side does not support.
     #[new]
     #[pyo3(signature = (spec, step_cls, key=None))]

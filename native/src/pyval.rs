@@ -1,5 +1,5 @@
 //! Python values as the normalizer sees them (attribute values and parsed JSON), with the
-//! exact semantics of the Python reference (streams/normalize.py) for what it does with
+//! exact semantics of the Python reference (streams/spanpath/normalize.py) for what it does with
 //! them: `json.scanner` parsing, canonical JSON (detectors/fingerprint.py), `repr()`/`str()`,
 //! `str.strip()`, `str.lower()`, `int(str)`.
 //!

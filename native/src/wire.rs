@@ -1,5 +1,5 @@
 //! Protobuf wire reading for the OTLP trace messages, with the acceptance rules of upb (the
-//! decoder behind Python's `protobuf` package, which `streams/otlp/proto.py` uses):
+//! decoder behind Python's `protobuf` package, which `streams/spanpath/otlp/proto.py` uses):
 //!
 //! - a tag is a varint of at most 5 bytes whose value fits 32 bits; field number 0 (except
 //!   inside an unknown group), wire types 6 and 7, and an end-group tag outside its group

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from detectors.policy import Policy
-from streams.normalize import Normalizer
+from streams.spanpath.normalize import Normalizer
 from streams.worker import faust_internals
 from streams.worker.broker import BROKER_PROBE_SECONDS
 from streams.worker.service import Worker

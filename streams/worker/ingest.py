@@ -15,8 +15,8 @@ from typing import Any
 
 from detectors.model import Step
 from streams.errors import DecodeError
-from streams.normalize import Normalizer
 from streams.spanpath import SpanPath
+from streams.spanpath.normalize import Normalizer
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters
 from streams.worker.delivery import Abandoned, Outgoing, Publisher, Sent

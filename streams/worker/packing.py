@@ -31,7 +31,7 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, NamedTuple, cast
 
-from streams import native
+from streams.spanpath import native
 
 FORMAT_PACKED = 2
 

@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from detectors.policy import Policy
-from streams import native
 from streams.input_clock import InputClock, KafkaInputProbe
-from streams.normalize import Normalizer
+from streams.spanpath import native
+from streams.spanpath.normalize import Normalizer
 from streams.worker.broker import BrokerLink, MetadataProbe
 from streams.worker.clock import DeadlineClock
 from streams.worker.dead_letters import DeadLetters

@@ -55,7 +55,7 @@ import pytest
 import yaml
 
 from detectors.policy import load_policy
-from streams.otlp import decode_proto
+from streams.spanpath.otlp import decode_proto
 from tests.e2e.prom_support import (
     AM_CONFIG,
     RULES,

@@ -49,7 +49,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from streams.produce import split_by_trace
-from streams.spans import SpanRecord
+from streams.spanpath.spans import SpanRecord
 from tests.integration.worker_support import read_to_end
 from tests.otlp_build import encode_request, to_json
 from tests.spankit import CANARY_SHAPES, Canaries, Run, canary_runs

@@ -56,8 +56,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from streams.errors import DecodeError
-from streams.otlp import decode_record
-from streams.spans import STATUS_ERROR, SpanEvent
+from streams.spanpath.otlp import decode_record
+from streams.spanpath.spans import STATUS_ERROR, SpanEvent
 from tests.integration.worker_support import LONG, Oracle, headers_of, rooted_corpus, values
 from tests.otlp_build import encode_request, example_files, file_messages, to_json
 from tests.spankit import Run

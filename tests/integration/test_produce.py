@@ -26,9 +26,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 
 from streams.cli import main
 from streams.files import Payload, iter_payloads, write_jsonl, write_pb
-from streams.otlp import decode_record, proto_to_json_bytes
 from streams.produce import ProduceResult, produce_payloads, producer_config
-from streams.spans import SpanRecord
+from streams.spanpath.otlp import decode_record, proto_to_json_bytes
+from streams.spanpath.spans import SpanRecord
 from tests.support.kafka import (
     bootstrap,
     create_topics,

@@ -27,8 +27,8 @@ from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
 from detectors.state import DEDUP_CAP, FIRED_CAP, MAP_CAP, UNRESOLVED_CAP, RunState
 from streams.engine import FINISHED_MEMORY, Engine
-from streams.normalize import Normalizer
-from streams.spans import SpanRecord
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.spans import SpanRecord
 from tests.spankit import BASE_NS, EXAMPLE_POLICY, MS
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -31,8 +31,8 @@ from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
 from streams.engine import Engine
 from streams.files import iter_batches
-from streams.otlp import decode_proto
-from streams.spans import STATUS_ERROR, STATUS_OK, SpanRecord
+from streams.spanpath.otlp import decode_proto
+from streams.spanpath.spans import STATUS_ERROR, STATUS_OK, SpanRecord
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 

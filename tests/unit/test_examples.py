@@ -19,7 +19,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
 from streams.engine import Engine
 from streams.files import iter_batches
-from streams.spans import SpanRecord
+from streams.spanpath.spans import SpanRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from streams.errors import DecodeError
 from streams.files import Payload, file_encoding, iter_batches, iter_payloads, write_jsonl, write_pb
-from streams.otlp import proto_to_json_bytes
+from streams.spanpath.otlp import proto_to_json_bytes
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

@@ -28,9 +28,9 @@ from detectors.model import TOOL
 from detectors.policy import BUILTIN_PROFILES, Policy, policy_from_mapping
 from streams.engine import Engine
 from streams.files import iter_payloads
-from streams.normalize import Normalizer
-from streams.otlp import decode_record
-from streams.spans import SpanRecord
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.otlp import decode_record
+from streams.spanpath.spans import SpanRecord
 from tests.unit.test_framework_traces import POLICY as LANGGRAPH_AND_AGENTS_POLICY
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"

@@ -22,9 +22,9 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import HANDOFF, TOOL, Step
 from detectors.policy import Policy, policy_from_mapping
 from streams.engine import Engine
-from streams.normalize import Normalizer
-from streams.otlp import OTLP_JSON, OTLP_PROTO, decode_record
-from streams.spans import STATUS_ERROR, SpanRecord
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, decode_record
+from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
 

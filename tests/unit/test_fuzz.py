@@ -41,9 +41,9 @@ from detectors.policy import (
 from detectors.state import RunState
 from streams.engine import Engine
 from streams.errors import DecodeError
-from streams.normalize import Normalizer
-from streams.otlp import decode_json, decode_proto, decode_record, proto_to_json_bytes
-from streams.spans import SpanEvent, SpanRecord
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.otlp import decode_json, decode_proto, decode_record, proto_to_json_bytes
+from streams.spanpath.spans import SpanEvent, SpanRecord
 from tests.otlp_build import encode_request
 from tests.spankit import BASE_NS, MS, Run, example_policy
 

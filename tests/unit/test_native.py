@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams import native
 from streams.errors import DecodeError
-from streams.otlp import proto
-from streams.spans import SpanEvent, SpanRecord
+from streams.spanpath import native
+from streams.spanpath.otlp import proto
+from streams.spanpath.spans import SpanEvent, SpanRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

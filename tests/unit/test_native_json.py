@@ -29,11 +29,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from streams import native
 from streams.errors import DecodeError
 from streams.files import iter_payloads
-from streams.otlp import SPAN_KINDS, STATUS_CODES, decode_record, json_decode, proto_to_json_bytes
-from streams.spans import SpanEvent, SpanRecord
+from streams.spanpath import native
+from streams.spanpath.otlp import (
+    SPAN_KINDS,
+    STATUS_CODES,
+    decode_record,
+    json_decode,
+    proto_to_json_bytes,
+)
+from streams.spanpath.spans import SpanEvent, SpanRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -35,16 +35,15 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy, load_policy, policy_from_mapping
-from streams import native, native_spec
 from streams.errors import DecodeError
 from streams.files import iter_batches, iter_payloads
-from streams.native_spec import NativeBatch
-from streams.normalize import Normalizer
-from streams.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODES
-from streams.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
-from streams.otlp.proto import decode_proto_py
-from streams.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
-from streams.spanpath import SpanPath, group_steps
+from streams.spanpath import SpanPath, group_steps, native, native_spec
+from streams.spanpath.native_spec import NativeBatch
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODES
+from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
+from streams.spanpath.otlp.proto import decode_proto_py
+from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
 from streams.worker.ingest import InputReader
 from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT

@@ -24,7 +24,7 @@ from detectors.policy import load_policy
 from detectors.state import RunState
 from streams.engine import Engine
 from streams.files import iter_batches
-from streams.otlp import decode_proto
+from streams.spanpath.otlp import decode_proto
 from streams.worker import packing
 from streams.worker.codec import _DOCS, _WINDOW, decode_state, encode_state
 from streams.worker.packing import Layout, Writer
@@ -187,7 +187,7 @@ def test_every_state_of_the_corpora_encodes_to_the_same_bytes() -> None:
 
 
 def test_the_active_path_uses_the_native_writer() -> None:
-    from streams import native
+    from streams.spanpath import native
 
     writer = packing.new_writer()
     assert isinstance(writer, Writer) == (native.ACTIVE == "python")

@@ -7,8 +7,8 @@ import json
 from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL
 from detectors.policy import policy_from_mapping
-from streams.normalize import Normalizer
-from streams.spans import STATUS_ERROR, STATUS_OK, SpanEvent, SpanRecord
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.spans import STATUS_ERROR, STATUS_OK, SpanEvent, SpanRecord
 from tests.spankit import EXAMPLE_POLICY
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

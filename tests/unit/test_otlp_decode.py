@@ -1,4 +1,4 @@
-"""Golden, malformed-input and fuzz tests for streams/otlp.py.
+"""Golden, malformed-input and fuzz tests for streams/spanpath/otlp.py.
 
 The golden export is produced by the real OpenTelemetry SDK (TracerProvider, fixed ids and
 times, the SDK's own OTLP encoder); JSON_FIXTURE is the same data written by hand the way
@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from detectors.errors import LoopwatchError
 from streams.errors import DecodeError
-from streams.otlp import (
+from streams.spanpath.otlp import (
     ANY_VALUE_KINDS,
     SPAN_KINDS,
     decode_json,
@@ -38,7 +38,7 @@ from streams.otlp import (
     json_to_proto_bytes,
     proto_to_json_bytes,
 )
-from streams.spans import SpanEvent, SpanRecord
+from streams.spanpath.spans import SpanEvent, SpanRecord
 
 T0 = 1_764_417_600_000_000_000  # 2025-11-29T12:00:00Z in ns
 TRACE_A = "0af7651916cd43dd8448eb211c80319c"

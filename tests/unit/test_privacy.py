@@ -32,9 +32,9 @@ from streams.cli import format_table
 from streams.engine import Engine, fingerprinter_from_env
 from streams.errors import DecodeError
 from streams.files import write_jsonl, write_pb
-from streams.normalize import Normalizer
-from streams.otlp import decode_json, decode_proto, proto_to_json_bytes
 from streams.replay import Replay
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.otlp import decode_json, decode_proto, proto_to_json_bytes
 from tests.otlp_build import encode_request
 from tests.spankit import (
     CANARY_SHAPES,

@@ -11,8 +11,8 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, TOOL, Step
 from detectors.policy import Policy, policy_from_mapping
 from detectors.state import RunState
-from streams.normalize import Normalizer
-from streams.spans import STATUS_ERROR, SpanEvent, SpanRecord
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.spans import STATUS_ERROR, SpanEvent, SpanRecord
 from streams.worker import codec
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

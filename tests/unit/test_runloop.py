@@ -16,9 +16,9 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from streams.engine import Engine
-from streams.normalize import Normalizer
 from streams.runloop import NS, MemoryStore, RunLoop
 from streams.spanpath import group_steps
+from streams.spanpath.normalize import Normalizer
 from streams.worker.store import TableStore
 from tests.spankit import Run, example_policy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.spans import STATUS_ERROR, SpanEvent
+from streams.spanpath.spans import STATUS_ERROR, SpanEvent
 from tests.spankit import Run, example_policy, replay, shapes
 
 ORDER = {"order_id": "A12"}

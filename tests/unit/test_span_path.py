@@ -1,4 +1,4 @@
-"""Which span path is active (streams/native.py): named by `loopwatch --version` and
+"""Which span path is active (streams/spanpath/native.py): named by `loopwatch --version` and
 /healthz, one warning line when the pure-Python fallback is in use, and CI's demand that
 the native path is the one tested (LOOPWATCH_REQUIRE_NATIVE=1)."""
 
@@ -9,8 +9,9 @@ import os
 
 import pytest
 
-from streams import cli, native
-from streams.otlp import proto
+from streams import cli
+from streams.spanpath import native
+from streams.spanpath.otlp import proto
 
 
 def test_version_names_the_active_path(capsys: pytest.CaptureFixture[str]) -> None:

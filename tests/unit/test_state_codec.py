@@ -23,8 +23,8 @@ from detectors.state import RunState
 from streams.engine import Engine
 from streams.errors import DecodeError
 from streams.files import iter_batches
-from streams.otlp import decode_proto
-from streams.spans import SpanRecord
+from streams.spanpath.otlp import decode_proto
+from streams.spanpath.spans import SpanRecord
 from streams.worker.codec import FORMAT_PACKED, decode_state, encode_state
 from streams.worker.store import Envelope, decode_envelope, encode_envelope
 from tests.spankit import Run, example_policy

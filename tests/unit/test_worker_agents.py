@@ -22,8 +22,8 @@ from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
 from streams.deadlines import Deadline
 from streams.input_clock import InputClock
-from streams.normalize import Normalizer
 from streams.settings import WorkerSettings
+from streams.spanpath.normalize import Normalizer
 from streams.worker.delivery import Abandoned
 from streams.worker.formats import (
     decode_run_groups,

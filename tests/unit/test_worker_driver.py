@@ -17,9 +17,9 @@ from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from streams.deadlines import Deadline, DeadlineIndex, FinishedIndex
-from streams.normalize import Normalizer
-from streams.otlp import decode_record
 from streams.spanpath import group_steps
+from streams.spanpath.normalize import Normalizer
+from streams.spanpath.otlp import decode_record
 from streams.worker.api import run_view
 from streams.worker.driver import NS, RunDriver
 from streams.worker.formats import (

@@ -17,7 +17,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, TOOL, Step
 from detectors.policy import Policy, ToolContract
 from detectors.recognition import Profile, Source, SpanFacts
-from streams.spans import STATUS_ERROR, SpanRecord
+from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 
 MAX_ITEMS = 64
 # Finish reasons of a model turn that asked for tool calls (OpenAI, Vercel, pydantic-ai,

@@ -12,8 +12,8 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from streams.errors import DecodeError
-from streams.otlp.common import SPAN_ID_BYTES, TRACE_ID_BYTES, _Bad
-from streams.otlp.json_decode import (
+from streams.spanpath.otlp.common import SPAN_ID_BYTES, TRACE_ID_BYTES, _Bad
+from streams.spanpath.otlp.json_decode import (
     _HEX,
     _get,
     _json_list,
@@ -23,7 +23,7 @@ from streams.otlp.json_decode import (
     _scope_spans_of,
     decode_json,
 )
-from streams.otlp.proto import decode_proto
+from streams.spanpath.otlp.proto import decode_proto
 
 # ---------------------------------------------------------------------------------------
 # Dispatch and conversion between the two encodings

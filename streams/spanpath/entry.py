@@ -1,9 +1,9 @@
 """The span path's one entry: an OTLP export message (or its decoded spans) in, the steps of
 its spans grouped by run out, as a `StepBatch`.
 
-Natively (loopwatch_native, streams/native_spec.py) when the extension is built and takes
-the policy and the message; else decoded (streams/otlp/) and normalized in Python
-(streams/normalize.py), which stays the fallback and the oracle: the differential tests
+Natively (loopwatch_native, streams/spanpath/native_spec.py) when the extension is built and takes
+the policy and the message; else decoded (streams/spanpath/otlp/) and normalized in Python
+(streams/spanpath/normalize.py), which stays the fallback and the oracle: the differential tests
 (tests/unit/test_native_normalize.py) hold the two equal. The replay, the worker's input
 reader, the file reader and the benchmarks all come through here.
 """
@@ -16,11 +16,11 @@ from typing import Any
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
-from streams import native_spec
-from streams.native_spec import NativeBatch
-from streams.normalize import STEP_ERRORS, Normalizer
-from streams.otlp import OTLP_PROTO, decode_record
-from streams.spans import SpanRecord
+from streams.spanpath import native_spec
+from streams.spanpath.native_spec import NativeBatch
+from streams.spanpath.normalize import STEP_ERRORS, Normalizer
+from streams.spanpath.otlp import OTLP_PROTO, decode_record
+from streams.spanpath.spans import SpanRecord
 
 # One export message's steps, whichever path made them: steps by run (first-seen order),
 # invalid spans skipped (and which: span id, trace id, exception name), span count, and

@@ -10,7 +10,7 @@ attribute values).
 from __future__ import annotations
 
 from streams.errors import DecodeError
-from streams.otlp.common import (
+from streams.spanpath.otlp.common import (
     ANY_VALUE_KINDS,
     ENCODINGS,
     OTLP_JSON,
@@ -19,10 +19,10 @@ from streams.otlp.common import (
     STATUS_CODES,
     AnyValueKind,
 )
-from streams.otlp.json_decode import _show, decode_json
-from streams.otlp.proto import decode_proto
-from streams.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
-from streams.spans import SpanRecord
+from streams.spanpath.otlp.json_decode import _show, decode_json
+from streams.spanpath.otlp.proto import decode_proto
+from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
+from streams.spanpath.spans import SpanRecord
 
 __all__ = [
     "ANY_VALUE_KINDS",

@@ -12,10 +12,10 @@ from typing import Any, Final
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from streams import native
 from streams.errors import DecodeError
-from streams.otlp.common import ANY_VALUE_KINDS, SPAN_ID_BYTES, TRACE_ID_BYTES, _at, _Bad
-from streams.spans import SpanEvent, SpanRecord
+from streams.spanpath import native
+from streams.spanpath.otlp.common import ANY_VALUE_KINDS, SPAN_ID_BYTES, TRACE_ID_BYTES, _at, _Bad
+from streams.spanpath.spans import SpanEvent, SpanRecord
 
 # ---------------------------------------------------------------------------------------
 # Protobuf

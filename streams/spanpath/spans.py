@@ -1,5 +1,5 @@
-"""The decoded span: what streams/otlp.py produces from OTLP bytes and what
-streams/normalize.py maps to a detectors.model.Step. Plain Python values only."""
+"""The decoded span: what streams/spanpath/otlp.py produces from OTLP bytes and what
+streams/spanpath/normalize.py maps to a detectors.model.Step. Plain Python values only."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final
 
-from streams import native
 from streams.errors import DecodeError
-from streams.otlp.common import (
+from streams.spanpath import native
+from streams.spanpath.otlp.common import (
     _I32_MAX,
     _I32_MIN,
     _I64_MAX,
@@ -29,7 +29,7 @@ from streams.otlp.common import (
     _at,
     _Bad,
 )
-from streams.spans import SpanEvent, SpanRecord
+from streams.spanpath.spans import SpanEvent, SpanRecord
 
 # ---------------------------------------------------------------------------------------
 # JSON (as the Collector writes it: hex ids, int64 as strings, integer enums)

@@ -23,10 +23,10 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import STEP_FIELDS, Step
 from detectors.policy import Policy, ToolContract
 from detectors.recognition import Profile, Source
-from streams import native
-from streams.normalize import _OUT_OF_STEPS, TOOL_CALL_FINISH_REASONS
-from streams.otlp.common import OTLP_JSON, OTLP_PROTO
-from streams.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
+from streams.spanpath import native
+from streams.spanpath.normalize import _OUT_OF_STEPS, TOOL_CALL_FINISH_REASONS
+from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
+from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
 
 NATIVE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace"})
 
