@@ -227,7 +227,9 @@ def _json_payloads(f: _Reader, label: str) -> Iterator[Payload]:
             yield Payload(f"{label}:{lineno}", OTLP_JSON, raw.rstrip(b"\r\n"))
 
 
-def _file_payloads(path: Path) -> Iterator[Payload]:
+def _file_payloads(path: Path, on_read: Callable[[int], object] | None = None) -> Iterator[Payload]:
+    """The file's messages; `on_read(n)` before each one is yielded: the bytes of the file
+    (compressed, for .gz) read so far."""
     kind = file_encoding(path)
     if kind is None:  # only reachable through an explicit non-export path
         raise DecodeError(f"{path}: not an export file")
@@ -254,6 +256,8 @@ def _file_payloads(path: Path) -> Iterator[Payload]:
                     f"{label}: corrupt gzip data after {pos}: {_why_any(e)}"
                 ) from None
             pos = payload.source
+            if on_read is not None:
+                on_read(raw.tell())
             yield payload
     finally:
         raw.close()
@@ -285,10 +289,12 @@ def iter_batches(
     paths: Iterable[str | Path],
     on_error: Callable[[DecodeError], None],
     span_path: SpanPath | None = None,
+    on_read: Callable[[int], object] | None = None,
 ) -> Generator[tuple[str, list[SpanRecord] | StepBatch], None, None]:
     """(source, spans) for every export message under `paths`; with a `span_path`
     (streams/spanpath/entry.py) each message's steps instead (natively when it can, never
-    decoded into Python objects then).
+    decoded into Python objects then). `on_read(n)`: n bytes of the current file are read
+    (compressed, for .gz), before each message (a progress display).
 
     Problems are reported through `on_error` and reading goes on: an undecodable message
     is skipped; a file whose framing or compression is broken is abandoned at that point
@@ -299,7 +305,7 @@ def iter_batches(
             if isinstance(item, DecodeError):
                 on_error(item)
                 continue
-            payloads = _file_payloads(item)
+            payloads = _file_payloads(item, on_read)
             while True:
                 try:
                     payload = next(payloads)

@@ -225,17 +225,24 @@ def replay_files(
     on_progress: Callable[[int], object] | None = None,
 ) -> None:
     """Feed export files to `replay`, one after another (their order does not matter).
-    `on_progress(bytes)` after each message: the size of the files read to their end. The
-    caller closes the replay."""
+    `on_progress(bytes)` after each message: the bytes read of the files so far (of a
+    gzipped file, its compressed bytes). The caller closes the replay."""
     from streams.files import iter_batches
 
     done = 0
+    here = 0  # bytes read of the current file
+
+    def read(n: int) -> None:
+        nonlocal here
+        here = n
+
     for path in files:
         replay.start_source()
-        for _source, spans in iter_batches([path], on_decode_error, replay.span_path):
+        here = 0
+        for _source, spans in iter_batches([path], on_decode_error, replay.span_path, read):
             replay.feed(spans)
             if on_progress is not None:
-                on_progress(done)
+                on_progress(done + here)
         with contextlib.suppress(OSError):
             done += path.stat().st_size
 

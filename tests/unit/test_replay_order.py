@@ -201,3 +201,23 @@ def test_many_files_replay_within_a_small_file_limit(tmp_path: Path) -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert (got.events, got.runs) == (want.events, want.runs)
+
+
+def test_progress_moves_inside_one_large_file(tmp_path: Path) -> None:
+    """The progress bar's bytes move message by message inside a file, not only when a
+    file ends (one large protobuf file showed 0.0% until its end)."""
+    messages = corpus("bench")[:60]
+    path = tmp_path / "one.pb"
+    write_pb(path, messages)
+    seen: list[int] = []
+    r = Replay(POLICY, Fingerprinter(b"k"), lambda e: None)
+    replay_files(r, [path], print, seen.append)
+    r.close()
+    assert len(seen) == len(messages)
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)  # every message moves it
+    assert seen[0] == 4 + len(messages[0]) and seen[-1] == path.stat().st_size
+    gz = tmp_path / "one.pb.gz"
+    write_pb(gz, messages)
+    seen_gz: list[int] = []
+    replay_files(Replay(POLICY, Fingerprinter(b"k"), lambda e: None), [gz], print, seen_gz.append)
+    assert seen_gz == sorted(seen_gz) and 0 < seen_gz[-1] <= gz.stat().st_size
