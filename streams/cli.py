@@ -330,13 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _positive_mb(text: str) -> float:
+    from streams.replay import parse_memory_mb
+
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB > 0, got {text!r}")
-    return value
+        return parse_memory_mb(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _memory_option(p: argparse.ArgumentParser) -> None:

@@ -40,7 +40,6 @@ from streams.spanpath.spans import SpanRecord
 STEP_BYTES = 700  # a held step: measured 680 B with the native span path (shared strs)
 DEFAULT_MEMORY_MB = 512  # about 770k held steps before the first spill
 BUCKETS = 128
-NS = 1_000_000_000
 
 EventSink = Callable[[dict[str, Any]], object]
 
@@ -225,26 +224,33 @@ def replay_files(
     on_progress: Callable[[int], object] | None = None,
 ) -> None:
     """Feed export files to `replay`, one after another (their order does not matter).
-    `on_progress(bytes)` after each message: the bytes read of the files so far (of a
-    gzipped file, its compressed bytes). The caller closes the replay."""
+    `on_progress(bytes)` before each message is fed: the bytes read of the files so far (of
+    a gzipped file, its compressed bytes). The caller closes the replay."""
     from streams.files import iter_batches
 
-    done = 0
-    here = 0  # bytes read of the current file
+    done = 0  # bytes of the files read to their end
 
-    def read(n: int) -> None:
-        nonlocal here
-        here = n
+    def read(n: int) -> None:  # n bytes of this file read, before each of its messages
+        if on_progress is not None:
+            on_progress(done + n)
 
     for path in files:
         replay.start_source()
-        here = 0
         for _source, spans in iter_batches([path], on_decode_error, replay.span_path, read):
             replay.feed(spans)
-            if on_progress is not None:
-                on_progress(done + here)
         with contextlib.suppress(OSError):
             done += path.stat().st_size
+
+
+def parse_memory_mb(text: str) -> float:
+    """A memory bound in MiB (`--memory-mb`, LOOPWATCH_REPLAY_MEMORY_MB): a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"expected a number of MiB > 0, got {text!r}")
+    return value
 
 
 def memory_mb_from_env() -> float:
@@ -252,9 +258,6 @@ def memory_mb_from_env() -> float:
     if not raw:
         return DEFAULT_MEMORY_MB
     try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise LoopwatchError(f"LOOPWATCH_REPLAY_MEMORY_MB={raw!r}: expected a number of MiB > 0")
-    return value
+        return parse_memory_mb(raw)
+    except ValueError as exc:
+        raise LoopwatchError(f"LOOPWATCH_REPLAY_MEMORY_MB: {exc}") from None
