@@ -42,17 +42,30 @@ def deliveries(messages: list[bytes], workdir: Path, seed: int = 1) -> dict[str,
     return {"in order": ordered, "shuffled": shuffled}
 
 
-def replay_process(path: Path, out: Path, policy: Path = POLICY) -> float:
-    """Wall seconds of `loopwatch replay` over `path` (events to `out`), in a new process."""
-    code = "from streams.cli import main; raise SystemExit(main())"
-    argv = [sys.executable, "-c", code, "replay", "--config", str(policy), "--output", str(out)]
+# `loopwatch replay` that prints its own peak RSS (VmHWM, KiB) last on stderr: ru_maxrss
+# would count the parent's memory too (a child started by vfork inherits its high-water mark)
+_REPLAY = (
+    "import sys\n"
+    "from streams.cli import main\n"
+    "try:\n    code = main(sys.argv[1:])\n"
+    "finally:\n"
+    "    hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"
+    "    print(hwm[0].split()[1], file=sys.stderr)\n"
+    "raise SystemExit(code)\n"
+)
+
+
+def replay_process(path: Path, out: Path, policy: Path = POLICY) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of `loopwatch replay` over `path` (events to `out`), in
+    a new process."""
+    argv = [sys.executable, "-c", _REPLAY, "replay", "--config", str(policy), "--output", str(out)]
     env = dict(os.environ, LOOPWATCH_FINGERPRINT_KEY="bench-key")
     started = time.perf_counter()
-    done = subprocess.run([*argv, str(path)], cwd=ROOT, env=env, capture_output=True)
+    done = subprocess.run([*argv, str(path)], cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode:
-        raise RuntimeError(f"replay of {path} failed: {done.stderr.decode()[-2000:]}")
-    return seconds
+        raise RuntimeError(f"replay of {path} failed: {done.stderr[-2000:]}")
+    return seconds, int(done.stderr.strip().splitlines()[-1]) / 1024
 
 
 def order_cost(messages: list[bytes], rounds: int = 3) -> dict[str, Any]:
@@ -60,15 +73,15 @@ def order_cost(messages: list[bytes], rounds: int = 3) -> dict[str, Any]:
         work = Path(tmp)
         paths = deliveries(messages, work)
         best: dict[str, float] = {}
+        rss: dict[str, float] = {}
         events: dict[str, list[str]] = {}
         for i in range(rounds):
             for name, path in paths.items():
                 out = work / f"{name.replace(' ', '-')}-{i}.jsonl"
-                seconds = replay_process(path, out)
+                seconds, peak = replay_process(path, out)
                 best[name] = min(best.get(name, float("inf")), seconds)
+                rss[name] = max(rss.get(name, 0.0), peak)
                 events[name] = sorted(out.read_text().splitlines())
-        # peak RSS: one more run each, in a process that reports its own maximum
-        rss = {name: _peak_of_one(path, work) for name, path in paths.items()}
     spans = sum(1 for _ in _spans(messages))
     return {
         "spans": spans,
@@ -78,26 +91,6 @@ def order_cost(messages: list[bytes], rounds: int = 3) -> dict[str, Any]:
         "peak_rss_mib": rss,
         "rounds": rounds,
     }
-
-
-def _peak_of_one(path: Path, work: Path) -> float:
-    """Peak RSS (MiB) of one replay in a new process, from its own VmHWM: ru_maxrss would
-    count the parent's memory too (a child started by vfork inherits its high-water mark)."""
-    code = (
-        "import sys\n"
-        "from streams.cli import main\n"
-        "try:\n    main(sys.argv[1:])\n"
-        "finally:\n"
-        "    hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"
-        "    print(hwm[0].split()[1], file=sys.stderr)\n"
-    )
-    argv = [sys.executable, "-c", code, "replay", "--config", str(POLICY)]
-    out = work / "peak.jsonl"
-    env = dict(os.environ, LOOPWATCH_FINGERPRINT_KEY="bench-key")
-    done = subprocess.run(
-        [*argv, "--output", str(out), str(path)], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    return int(done.stderr.strip().splitlines()[-1]) / 1024
 
 
 def _spans(messages: list[bytes]) -> Any:
