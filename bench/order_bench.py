@@ -1,6 +1,6 @@
 """What the order of the input costs `loopwatch replay`: one corpus written to two files
 (OTLP JSON lines and gzipped protobuf), once in time order (each file in time order) and
-once shuffled (spans in random batches of 1-40, ~30% of the batches re-sent, dealt at
+once shuffled (spans in random batches of 40-120, ~30% of the batches re-sent, dealt at
 random over the two files). Each delivery is replayed by the real command in its own
 process, in alternating rounds: wall time (best), peak RSS (max) and the events, which
 must be the same.
