@@ -22,7 +22,7 @@ from typing import Any
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
-from streams.engine import Engine
+from streams.replay.engine import Engine
 from streams.runtime import tune_gc
 from streams.spanpath import SpanPath
 from streams.spanpath.native_spec import NativeBatch
@@ -48,7 +48,7 @@ def load_other(tree: Path) -> tuple[Any, Any]:
         del sys.modules[k]
     sys.path.insert(0, str(tree))
     try:
-        engine_mod = importlib.import_module("streams.engine")
+        engine_mod = importlib.import_module("streams.replay.engine")
         batch_mod = importlib.import_module("streams.spanpath.native_spec")
     finally:
         sys.path.remove(str(tree))
@@ -56,7 +56,7 @@ def load_other(tree: Path) -> tuple[Any, Any]:
             del sys.modules[k]
         sys.modules.update(ours)
     if not str(engine_mod.__file__).startswith(str(tree)):
-        raise SystemExit(f"{tree}: streams.engine was not loaded from there")
+        raise SystemExit(f"{tree}: streams.replay.engine was not loaded from there")
     return engine_mod.Engine, batch_mod.NativeBatch
 
 

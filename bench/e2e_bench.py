@@ -29,7 +29,7 @@ from bench.replay_bench import replay_engine
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.produce import split_by_trace
-from streams.replay import Replay
+from streams.replay.runs import Replay
 from streams.spanpath.otlp import decode_proto
 from tests.support.kafka import admin_client, bootstrap, create_topics, delete_topics
 from tests.support.worker_proc import EXAMPLE_POLICY, FINGERPRINT_KEY, WorkerProc

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import export_messages
-from streams.files import write_jsonl, write_pb
+from streams.replay.files import write_jsonl, write_pb
 from streams.spanpath.otlp import proto_to_json_bytes
 from tests.support.deliveries import reshuffle, write_files
 

@@ -11,8 +11,8 @@ from typing import Any
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
-from streams.engine import Engine
-from streams.replay import Replay
+from streams.replay.engine import Engine
+from streams.replay.runs import Replay
 from streams.runtime import tune_gc
 from streams.spanpath import native
 from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, decode_proto, proto_to_json_bytes
@@ -49,7 +49,7 @@ def decode_ceiling(
 def replay_engine(
     messages: list[bytes], policy_path: str, encoding: str = OTLP_PROTO
 ) -> tuple[int, float, Replay]:
-    """`loopwatch replay` (streams/replay.py) over the messages: spans, seconds, the replay."""
+    """`loopwatch replay` (streams/replay/runs.py) over the messages: spans, seconds, the replay."""
     policy = load_policy(policy_path)
     replay = Replay(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)
     started = time.perf_counter()

@@ -85,7 +85,7 @@ class RunState:
     shapes: list[str] = field(default_factory=list)
     trigger_ns: dict[str, int] = field(default_factory=dict)  # shape -> first trigger start
     # Events that fired before the run's prompt_version was known: their loop metrics are
-    # counted at finalization, in the run's final slice (streams/runloop.py; at most
+    # counted at finalization, in the run's final slice (streams/runloop/loop.py; at most
     # MAX_DEFERRED: [event_id, shape, severity, tool_name, tool_version, wasted_steps,
     # wasted_tokens]).
     deferred: list[list[Any]] = field(default_factory=list)

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
-from streams.runtime import raise_file_limit, tune_gc
+from streams.runtime import tune_gc
 
 EXIT_ERROR = 2
 
@@ -69,10 +69,10 @@ def run_replay(
     err: IO[str],
     memory_mb: float | None = None,
 ) -> Any:
-    """Replay export files (streams/replay.py); returns the replay (its `stats`, `order`)."""
-    from streams.engine import fingerprinter_from_env
-    from streams.files import expand_paths
-    from streams.replay import Replay, memory_mb_from_env, replay_files
+    """Replay export files (streams/replay/runs.py); returns the replay (its `stats`, `order`)."""
+    from streams.replay.engine import fingerprinter_from_env
+    from streams.replay.files import expand_paths
+    from streams.replay.runs import Replay, memory_mb_from_env, replay_files
 
     policy = load_policy(_config_path(config))
     missing = [p for p in paths if not Path(p).exists()]
@@ -164,7 +164,6 @@ def format_table(replay: Any) -> str:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     tune_gc()
-    raise_file_limit()
     out = _open_output(args.output)
     runs_out = _open_output(args.runs) if args.runs else None
     try:
@@ -190,7 +189,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     tune_gc()
-    raise_file_limit()
     limits: dict[str, int] = {}
     for item in args.max_shape or []:
         shape, _, value = item.partition("=")
@@ -330,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _positive_mb(text: str) -> float:
-    from streams.replay import parse_memory_mb
+    from streams.replay.runs import parse_memory_mb
 
     try:
         return parse_memory_mb(text)

@@ -141,8 +141,8 @@ class Inspection:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from streams.cli import _config_path
-    from streams.engine import fingerprinter_from_env
-    from streams.files import expand_paths, iter_batches
+    from streams.replay.engine import fingerprinter_from_env
+    from streams.replay.files import expand_paths, iter_batches
 
     policy = load_policy(_config_path(args.config))
     missing = [p for p in args.paths if not Path(p).exists()]

@@ -34,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from detectors.errors import LoopwatchError
 from streams.errors import BrokerError, DecodeError
-from streams.files import Payload, expand_paths, iter_payloads
+from streams.replay.files import Payload, expand_paths, iter_payloads
 from streams.spanpath.otlp import (
     ENCODINGS,
     OTLP_JSON,

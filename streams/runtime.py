@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import resource
 
 # Young-generation collections every 50k container allocations instead of CPython's 700:
 # a span allocates about ten, so the default collected every ~70 spans. 10k was the first
@@ -23,17 +22,3 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GEN0_THRESHOLD, 20, 20)
-
-
-def raise_file_limit() -> int:
-    """Raise the soft limit on open files to the hard one (as the Go runtime and most
-    servers do): a replay of many export files that overlap in time keeps each of them
-    open (streams/engine.py, replay_files). Returns the limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass  # a platform that refuses it: the soft limit stays
-    return soft

@@ -80,7 +80,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from alerts.metrics import Metrics
-    from streams.engine import fingerprinter_from_env
+    from streams.replay.engine import fingerprinter_from_env
     from streams.worker.broker import FoldRepeats
     from streams.worker.faust_app import build_app
     from streams.worker.statedir import prepare

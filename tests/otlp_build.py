@@ -23,7 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy
-from streams.replay import Replay
+from streams.replay.runs import Replay
 from streams.spanpath.otlp import decode_record, json_to_proto_bytes, proto_to_json_bytes
 from streams.spanpath.spans import SpanRecord
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
-from streams.replay import Replay
+from streams.replay.runs import Replay
 from streams.spanpath.spans import STATUS_ERROR, STATUS_OK, STATUS_UNSET, SpanEvent, SpanRecord
 
 # In the past: spans ending over a day after the wall clock are rejected as invalid.

@@ -1,5 +1,5 @@
 """`RunDriver`: the detect agent's logic over the `runs` and `finished` tables, no faust, no
-broker: the shared run loop (streams/runloop.py) over a `TableStore`, with the worker's
+broker: the shared run loop (streams/runloop/loop.py) over a `TableStore`, with the worker's
 clock passed in, a release timer, evictions past LOOPWATCH_MAX_ACTIVE_RUNS and the finished
 markers' TTL.
 
@@ -19,8 +19,8 @@ from typing import Any
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
-from streams.deadlines import DeadlineIndex, FinishedIndex
-from streams.runloop import NS, Envelope, RunLoop
+from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
+from streams.runloop.loop import NS, Envelope, RunLoop
 from streams.worker.formats import key_text
 from streams.worker.store import Table, TableStore, decode_finished, decode_header
 

@@ -11,7 +11,7 @@ Topology (docs/CONTRACTS.md §1, §6; docs/ARCHITECTURE.md "The flow")::
 
 The parts, one concern each (streams/worker/): formats.py (internal topic messages),
 store.py + codec.py + packing.py + unpacking.py (table values), driver.py (`RunDriver`: the run loop of
-streams/runloop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
+streams/runloop/loop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
 skips.py (records the stream skipped), clock.py (the deadline / input clock), ingest.py,
 detect.py, timers.py (one per agent), api.py + views.py (the on-call API), broker.py (the
 broker's state), statedir.py (the data directory), faust_internals.py (faust's private internals, one door), and

@@ -5,7 +5,7 @@ deadline index needs) and the run's state (streams/worker/codec.py),
 ``<header JSON>\\n<RunState>``, so that rebuilding the deadline index after a rebalance
 parses only the headers. A `finished` value is ``[finished_ns, partition]``. Tables are
 plain key/value mappings here (a dict in tests, a faust table in the service).
-`TableStore` is the run loop's store (streams/runloop.py) over these two tables.
+`TableStore` is the run loop's store (streams/runloop/loop.py) over these two tables.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from detectors.state import RunState
-from streams.deadlines import FinishedIndex
-from streams.runloop import Envelope
+from streams.runloop.deadlines import FinishedIndex
+from streams.runloop.loop import Envelope
 from streams.worker.codec import decode_state, encode_state
 
 ENVELOPE_VERSION = 1

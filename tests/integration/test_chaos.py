@@ -11,7 +11,7 @@ realistic corpus streams in, and the final outputs compared with the replay.
 * **rebalance** (`test_rebalance_join_and_leave_keep_findings`): two workers on one app id;
   the second joins mid-stream, then the first leaves (SIGTERM) mid-stream.
 
-The oracle is `streams.engine.Engine` (what `loopwatch replay` computes) over the same
+The oracle is `streams.replay.engine.Engine` (what `loopwatch replay` computes) over the same
 messages with the example policy and the workers' fingerprint key. The workers' policy
 adds only stream timing (finalization 3 s after a run's root arrived; a lateness buffer long
 enough that the order in which the input partitions are consumed does not matter). The

@@ -23,7 +23,7 @@ class it was built for:
 
 Checks: every undecodable record is dead-lettered exactly once with a reason (counted by
 reason and by category, printed) and no other record is; every good run's events and
-summaries equal the replay of the good records only (`streams.engine.Engine`, each
+summaries equal the replay of the good records only (`streams.replay.engine.Engine`, each
 example file replayed on its own, as `loopwatch replay` of that file); no event or summary
 names a run outside the good and decoy runs; `/healthz` answers ``status: ok`` (and
 ``ready``) on every poll (every 0.25 s) from start to end, its ``uptime_seconds`` never goes

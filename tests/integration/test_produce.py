@@ -3,7 +3,7 @@ would write (one per export, or one per resource/scope/trace with partition_trac
 keyed by the lowercase hex trace id), read back with a plain confluent-kafka consumer.
 
 The corpus is recorded with the real opentelemetry-sdk and encoded by the SDK's own OTLP
-encoder (`encode_spans`), then written in the fileexporter formats by streams.files.
+encoder (`encode_spans`), then written in the fileexporter formats by streams.replay.files.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
 from streams.cli import main
-from streams.files import Payload, iter_payloads, write_jsonl, write_pb
 from streams.produce import ProduceResult, produce_payloads, producer_config
+from streams.replay.files import Payload, iter_payloads, write_jsonl, write_pb
 from streams.spanpath.otlp import decode_record, proto_to_json_bytes
 from streams.spanpath.spans import SpanRecord
 from tests.support.kafka import (

@@ -28,8 +28,8 @@ from confluent_kafka import Producer
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
-from streams.files import expand_paths
-from streams.replay import Replay, replay_files
+from streams.replay.files import expand_paths
+from streams.replay.runs import Replay, replay_files
 from tests.integration.worker_support import Oracle, values
 from tests.otlp_build import EXAMPLES, example_files, file_messages
 from tests.support.deliveries import reshuffle, write_files

@@ -108,7 +108,7 @@ _SUMMARY_KEYS = (
 
 @dataclass
 class Oracle:
-    """What `loopwatch replay` (streams/replay.py, the example policy, the workers'
+    """What `loopwatch replay` (streams/replay/runs.py, the example policy, the workers'
     fingerprint key) computes from groups of export messages (each group replayed on its
     own; a run must not be in two)."""
 

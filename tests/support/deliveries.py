@@ -22,7 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from streams.files import write_jsonl, write_pb
+from streams.replay.files import write_jsonl, write_pb
 from streams.spanpath.otlp import proto_to_json_bytes
 
 FORMATS = (".jsonl", ".pb.gz", ".pb", ".jsonl.gz", ".binpb")

@@ -3,7 +3,7 @@ what stays bounded whatever the input does.
 
 Stated bounds (the numbers the assertions use):
 - open runs: at most what one idle timeout of event time holds (here ~1 000 of 100 000);
-- finished-run memory: at most streams.engine.FINISHED_MEMORY ids;
+- finished-run memory: at most streams.replay.engine.FINISHED_MEMORY ids;
 - memory: RSS grows < 96 MB over 100 000 one-span runs; after warm-up, 9 000 more runs
   (finished-id memory capped at 500) grow traced memory by < 512 kB;
 - one run: json(RunState.to_dict()) < 48 kB, the same (±10 %) at 1k and 10k steps, and
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-import streams.engine as engine_module
+import streams.replay.engine as engine_module
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
 from detectors.state import DEDUP_CAP, FIRED_CAP, MAP_CAP, UNRESOLVED_CAP, RunState
-from streams.engine import FINISHED_MEMORY, Engine
+from streams.replay.engine import FINISHED_MEMORY, Engine
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.spans import SpanRecord
 from tests.spankit import BASE_NS, EXAMPLE_POLICY, MS

@@ -29,8 +29,8 @@ import pytest
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
-from streams.engine import Engine
-from streams.files import iter_batches
+from streams.replay.engine import Engine
+from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
 from streams.spanpath.spans import STATUS_ERROR, STATUS_OK, SpanRecord
 from tests.otlp_build import encode_request

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy
-from streams.engine import Engine
-from streams.files import iter_batches
+from streams.replay.engine import Engine
+from streams.replay.files import iter_batches
 from streams.spanpath.spans import SpanRecord
 
 ROOT = Path(__file__).resolve().parents[2]

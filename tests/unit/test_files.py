@@ -1,4 +1,4 @@
-"""Reading and writing the Collector fileexporter formats (streams/files.py)."""
+"""Reading and writing the Collector fileexporter formats (streams/replay/files.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from streams.errors import DecodeError
-from streams.files import Payload, file_encoding, iter_batches, iter_payloads, write_jsonl, write_pb
+from streams.replay.files import (
+    Payload,
+    file_encoding,
+    iter_batches,
+    iter_payloads,
+    write_jsonl,
+    write_pb,
+)
 from streams.spanpath.otlp import proto_to_json_bytes
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -26,8 +26,8 @@ import pytest
 from detectors.fingerprint import Fingerprinter
 from detectors.model import TOOL
 from detectors.policy import BUILTIN_PROFILES, Policy, policy_from_mapping
-from streams.engine import Engine
-from streams.files import iter_payloads
+from streams.replay.engine import Engine
+from streams.replay.files import iter_payloads
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_record
 from streams.spanpath.spans import SpanRecord

@@ -21,7 +21,7 @@ import pytest
 from detectors.fingerprint import Fingerprinter
 from detectors.model import HANDOFF, TOOL, Step
 from detectors.policy import Policy, policy_from_mapping
-from streams.engine import Engine
+from streams.replay.engine import Engine
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, decode_record
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
@@ -75,8 +75,8 @@ def policy(with_contracts: bool = True) -> Policy:
 def _read_messages(path: Path) -> list[tuple[str, bytes]]:
     """(encoding, payload) per export message; the Collector fileexporter framing."""
     try:
-        from streams.files import iter_payloads
-    except ImportError:  # streams/files.py not there: read the framing here
+        from streams.replay.files import iter_payloads
+    except ImportError:  # streams/replay/files.py not there: read the framing here
         data = path.read_bytes()
         if path.suffix == ".jsonl":
             return [(OTLP_JSON, line) for line in data.splitlines() if line.strip()]

@@ -39,8 +39,8 @@ from detectors.policy import (
     policy_from_mapping,
 )
 from detectors.state import RunState
-from streams.engine import Engine
 from streams.errors import DecodeError
+from streams.replay.engine import Engine
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_json, decode_proto, decode_record, proto_to_json_bytes
 from streams.spanpath.spans import SpanEvent, SpanRecord

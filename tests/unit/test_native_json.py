@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from streams.errors import DecodeError
-from streams.files import iter_payloads
+from streams.replay.files import iter_payloads
 from streams.spanpath import native
 from streams.spanpath.otlp import (
     SPAN_KINDS,

@@ -36,7 +36,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from streams.errors import DecodeError
-from streams.files import iter_batches, iter_payloads
+from streams.replay.files import iter_batches, iter_payloads
 from streams.spanpath import SpanPath, group_steps, native, native_spec
 from streams.spanpath.native_spec import NativeBatch
 from streams.spanpath.normalize import Normalizer

@@ -22,8 +22,8 @@ from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from detectors.state import RunState
-from streams.engine import Engine
-from streams.files import iter_batches
+from streams.replay.engine import Engine
+from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
 from streams.worker import packing
 from streams.worker.codec import _DOCS, _WINDOW, decode_state, encode_state

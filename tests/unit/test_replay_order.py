@@ -1,5 +1,5 @@
 """`loopwatch replay` gives the same events and run summaries for any order of the same
-spans (streams/replay.py): across files and inside a file, any batching, any duplication,
+spans (streams/replay/runs.py): across files and inside a file, any batching, any duplication,
 files of every format. The deliveries are made here from the repository's own corpora
 (tests/deliveries.py): the spans dealt into random batches in random order, about 30% of
 the batches sent again later, the batches dealt over several files.
@@ -21,9 +21,9 @@ from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy
 from streams.cli import main
-from streams.engine import Engine
-from streams.files import expand_paths, write_pb
-from streams.replay import Replay, replay_files
+from streams.replay.engine import Engine
+from streams.replay.files import expand_paths, write_pb
+from streams.replay.runs import Replay, replay_files
 from tests.otlp_build import EXAMPLES, example_files, file_messages
 from tests.spankit import Run, example_policy
 from tests.support.deliveries import reshuffle, write_files

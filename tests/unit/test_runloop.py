@@ -1,4 +1,4 @@
-"""The one run loop (streams/runloop.py) that the replay (streams/engine.py) and the worker
+"""The one run loop (streams/runloop/loop.py) that the replay (streams/replay/engine.py) and the worker
 (streams/worker/driver.py) both drive: per-run apply, release, deadline choice (grace vs
 idle, release timer), finalization and event building over a store, with the clock and the
 sink passed in. The drivers' own tests (test_examples, test_worker_driver) are thin: what
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
-from streams.engine import Engine
-from streams.runloop import NS, MemoryStore, RunLoop
+from streams.replay.engine import Engine
+from streams.runloop.loop import NS, MemoryStore, RunLoop
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.worker.store import TableStore

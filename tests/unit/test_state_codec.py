@@ -20,9 +20,9 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy, load_policy
 from detectors.state import RunState
-from streams.engine import Engine
 from streams.errors import DecodeError
-from streams.files import iter_batches
+from streams.replay.engine import Engine
+from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
 from streams.spanpath.spans import SpanRecord
 from streams.worker.codec import FORMAT_PACKED, decode_state, encode_state

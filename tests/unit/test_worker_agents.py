@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
-from streams.deadlines import Deadline
 from streams.input_clock import InputClock
+from streams.runloop.deadlines import Deadline
 from streams.settings import WorkerSettings
 from streams.spanpath.normalize import Normalizer
 from streams.worker.delivery import Abandoned

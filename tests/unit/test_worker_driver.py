@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
-from streams.deadlines import Deadline, DeadlineIndex, FinishedIndex
+from streams.runloop.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_record

@@ -1,5 +1,5 @@
 """One run loop for both drivers: steps of runs in, findings and summaries out, deadlines
-scheduled. `loopwatch replay` (streams/engine.py) and the worker (streams/worker/driver.py)
+scheduled. `loopwatch replay` (streams/replay/engine.py) and the worker (streams/worker/driver.py)
 both call it and re-implement none of it; they differ in where bytes come from, where state
 lives and what the clock is:
 
@@ -31,8 +31,8 @@ from detectors import pipeline
 from detectors.model import Finding, Step
 from detectors.policy import Policy
 from detectors.state import DEFERRED_CAP, RunState
-from streams.deadlines import Deadline, DeadlineIndex
 from streams.errors import DecodeError
+from streams.runloop.deadlines import Deadline, DeadlineIndex
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -301,7 +301,7 @@ class RunLoop:
         self.index.remove(run_id)
 
     def whole(self, run_id: str, steps: list[Step], sink: Sink) -> tuple[int, str]:
-        """Every delivered span of a run at once (the replay, streams/replay.py), in any
+        """Every delivered span of a run at once (the replay, streams/replay/runs.py), in any
         order and with any duplication. In the order they ended, the run keeps its spans
         up to the first gap its deadline would not have waited for (longer than
         `finalize_grace_seconds` once the root ended, else `idle_timeout_seconds`): a

@@ -2,7 +2,7 @@
 any order, across files and inside a file, with any batching and duplication.
 
 Every export message is normalized and its steps are held by run until the end of the
-input; then each run is fed to the run loop whole (`RunLoop.whole`, streams/runloop.py):
+input; then each run is fed to the run loop whole (`RunLoop.whole`, streams/runloop/loop.py):
 in runtime order, cut at the first gap in its span end times that the stream's
 finalization would not have waited for. Nothing about a run depends on where its spans
 were in the input. Runs come out ordered by their earliest span start, then run id.
@@ -30,9 +30,9 @@ from detectors.errors import LoopwatchError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step, step_values
 from detectors.policy import Policy
-from streams.engine import Tally
 from streams.errors import DecodeError
-from streams.runloop import MemoryStore, RunLoop
+from streams.replay.engine import Tally
+from streams.runloop.loop import MemoryStore, RunLoop
 from streams.spanpath import SpanPath, StepBatch
 from streams.spanpath.otlp import OTLP_PROTO
 from streams.spanpath.spans import SpanRecord
@@ -226,7 +226,7 @@ def replay_files(
     """Feed export files to `replay`, one after another (their order does not matter).
     `on_progress(bytes)` before each message is fed: the bytes read of the files so far (of
     a gzipped file, its compressed bytes). The caller closes the replay."""
-    from streams.files import iter_batches
+    from streams.replay.files import iter_batches
 
     done = 0  # bytes of the files read to their end
 

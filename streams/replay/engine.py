@@ -1,7 +1,7 @@
 """The run loop without a broker: its sink for replays (`Tally`: callbacks and `Stats`) and
 `Engine`, a driver that feeds batches in arrival order (tests, benchmarks).
 
-`loopwatch replay` and `gate` are streams/replay.py, which feeds each run whole and so
+`loopwatch replay` and `gate` are streams/replay/runs.py, which feeds each run whole and so
 gives the same result for any order of the input.
 """
 
@@ -18,7 +18,7 @@ from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
 from streams.errors import InputError
-from streams.runloop import MemoryStore, RunLoop
+from streams.runloop.loop import MemoryStore, RunLoop
 from streams.spanpath import SpanPath, StepBatch
 from streams.spanpath.otlp import OTLP_PROTO
 from streams.spanpath.spans import SpanRecord
@@ -60,7 +60,7 @@ class Stats:
 
 
 class Tally:
-    """The replay's sink of the run loop (streams/runloop.py `Sink`): events and summaries
+    """The replay's sink of the run loop (streams/runloop/loop.py `Sink`): events and summaries
     go to the callbacks, and everything is counted into `stats`."""
 
     def __init__(
@@ -127,7 +127,7 @@ class Engine:
     without a broker, for tests and benchmarks of the loop's bounds and state. The loop
     releases a run's buffered steps on its next arrival or at its end (no release timer)
     and finalizes runs whose deadline the watermark passed, so the result depends on the
-    arrival order; `loopwatch replay`, whose result must not, is streams/replay.py."""
+    arrival order; `loopwatch replay`, whose result must not, is streams/replay/runs.py."""
 
     def __init__(
         self,

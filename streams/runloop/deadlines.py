@@ -1,4 +1,4 @@
-"""In-memory schedules of the run loop (streams/runloop.py); the worker rebuilds them from its
+"""In-memory schedules of the run loop (streams/runloop/loop.py); the worker rebuilds them from its
 tables on every partition assignment:
 `DeadlineIndex` (when each live run is next due: release after lateness, finalization
 after grace or idle time, eviction past LOOPWATCH_MAX_ACTIVE_RUNS) and `FinishedIndex`
