@@ -28,7 +28,7 @@ from bench.corpus import export_messages
 from bench.replay_bench import replay_engine
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
-from streams.produce import split_by_trace
+from streams.cli.produce import split_by_trace
 from streams.replay.runs import Replay
 from streams.spanpath.otlp import decode_proto
 from tests.support.kafka import admin_client, bootstrap, create_topics, delete_topics

@@ -46,7 +46,7 @@ def deliveries(messages: list[bytes], workdir: Path, seed: int = 1) -> dict[str,
 # would count the parent's memory too (a child started by vfork inherits its high-water mark)
 _REPLAY = (
     "import sys\n"
-    "from streams.cli import main\n"
+    "from streams.cli.main import main\n"
     "try:\n    code = main(sys.argv[1:])\n"
     "finally:\n"
     "    hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM:')]\n"

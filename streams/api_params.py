@@ -1,5 +1,5 @@
 """The on-call API's query parameters, one contract for both ends: `loopwatch query`
-checks them before any request (streams/query.py, `--since`, `--by`) and the worker's API
+checks them before any request (streams/cli/query.py, `--since`, `--by`) and the worker's API
 answers 400 for the same values (streams/worker/views.py, `since=`, `by=`).
 
 A `ParamError` message has a `{name}` placeholder for the parameter as the caller spells

@@ -1,8 +1,13 @@
-"""Process settings for loopwatch's long-running hot loops (replay, gate, worker)."""
+"""Process setup shared by the commands: the garbage collector of the long-running hot loops
+(replay, gate, worker) and the fingerprint key from the environment."""
 
 from __future__ import annotations
 
 import gc
+import os
+from collections.abc import Callable
+
+from detectors.fingerprint import Fingerprinter
 
 # Young-generation collections every 50k container allocations instead of CPython's 700:
 # a span allocates about ten, so the default collected every ~70 spans. 10k was the first
@@ -22,3 +27,13 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GEN0_THRESHOLD, 20, 20)
+
+
+def fingerprinter_from_env(warn: Callable[[str], None] | None = None) -> Fingerprinter:
+    key = os.environ.get("LOOPWATCH_FINGERPRINT_KEY", "")
+    if not key and warn is not None:
+        warn(
+            "loopwatch: LOOPWATCH_FINGERPRINT_KEY is not set: fingerprints fall back to unkeyed "
+            "SHA-256 (set a secret key in production)"
+        )
+    return Fingerprinter(key.encode("utf-8") if key else None)

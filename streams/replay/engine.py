@@ -7,7 +7,6 @@ gives the same result for any order of the input.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,16 +26,6 @@ MAX_LABELS = 1_000  # distinct prompt/tool labels counted in Stats; the rest go 
 FINISHED_MEMORY = 100_000  # finalized run ids remembered to count spans arriving after the end
 
 EventSink = Callable[[dict[str, Any]], object]
-
-
-def fingerprinter_from_env(warn: Callable[[str], None] | None = None) -> Fingerprinter:
-    key = os.environ.get("LOOPWATCH_FINGERPRINT_KEY", "")
-    if not key and warn is not None:
-        warn(
-            "loopwatch: LOOPWATCH_FINGERPRINT_KEY is not set: fingerprints fall back to unkeyed "
-            "SHA-256 (set a secret key in production)"
-        )
-    return Fingerprinter(key.encode("utf-8") if key else None)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from streams.produce import split_by_trace
+from streams.cli.produce import split_by_trace
 from streams.spanpath.spans import SpanRecord
 from tests.integration.worker_support import read_to_end
 from tests.otlp_build import encode_request, to_json

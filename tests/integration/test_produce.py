@@ -24,8 +24,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
-from streams.cli import main
-from streams.produce import ProduceResult, produce_payloads, producer_config
+from streams.cli.main import main
+from streams.cli.produce import ProduceResult, produce_payloads, producer_config
 from streams.replay.files import Payload, iter_payloads, write_jsonl, write_pb
 from streams.spanpath.otlp import decode_record, proto_to_json_bytes
 from streams.spanpath.spans import SpanRecord

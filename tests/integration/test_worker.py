@@ -36,7 +36,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from detectors.policy import load_policy
-from streams.produce import split_by_trace
+from streams.cli.produce import split_by_trace
 from streams.spanpath.otlp import decode_record
 from tests.integration.worker_support import headers_of, values
 from tests.otlp_build import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from detectors.errors import LoopwatchError
-from streams import query
+from streams.cli import query
 from streams.worker import api
 
 BAD_SINCE = ["5x", "0h", "0", "1.5h", "h", "-1h", "1w", "400d", "367d", "", "abc", "1h ago"]

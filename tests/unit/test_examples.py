@@ -135,7 +135,7 @@ def test_batching_shuffling_and_duplicates_do_not_change_events(seed, batch_size
 def test_replaying_the_whole_directory_out_of_time_order_finds_every_expected_event(capsys):
     # Files are read in name order, not time order: runs of older files must not be
     # finalized early because newer spans already moved the watermark.
-    from streams.cli import main
+    from streams.cli.main import main
 
     assert main(["replay", "--config", str(EXAMPLES / "loopwatch.yaml"), str(EXAMPLES)]) == 0
     out = capsys.readouterr()

@@ -7,7 +7,7 @@ import struct
 from dataclasses import replace
 from pathlib import Path
 
-from streams.cli import main
+from streams.cli.main import main
 from tests.otlp_build import encode_request
 from tests.unit.test_framework_profiles import BY_STEM, spans_of
 

@@ -28,11 +28,12 @@ import pytest
 
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, policy_from_mapping
-from streams.cli import format_table
+from streams.cli.replay import format_table
 from streams.errors import DecodeError
-from streams.replay.engine import Engine, fingerprinter_from_env
+from streams.replay.engine import Engine
 from streams.replay.files import write_jsonl, write_pb
 from streams.replay.runs import Replay
+from streams.runtime import fingerprinter_from_env
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_json, decode_proto, proto_to_json_bytes
 from tests.otlp_build import encode_request

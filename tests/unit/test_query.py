@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from streams.cli import main
+from streams.cli.main import main
 
 LOOPS = {
     "by": ["shape", "prompt_version", "tool_version"],

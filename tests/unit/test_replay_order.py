@@ -20,7 +20,7 @@ import pytest
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy
-from streams.cli import main
+from streams.cli.main import main
 from streams.replay.engine import Engine
 from streams.replay.files import expand_paths, write_pb
 from streams.replay.runs import Replay, replay_files

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from streams import cli
+from streams.cli import main as cli
 from streams.spanpath import native
 from streams.spanpath.otlp import proto
 

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from alerts.metrics import Metrics
 from detectors.errors import LoopwatchError
+from streams.cli.worker import BoundedStop
 from streams.settings import WorkerSettings
 from streams.worker import statedir
 from streams.worker.broker import BrokerLink, FoldRepeats
-from streams.worker_cli import BoundedStop
 
 
 class Clock:
@@ -207,7 +207,7 @@ def test_bounded_stop_exits_after_the_bound(
 ) -> None:
     import signal
 
-    from streams import worker_cli
+    from streams.cli import worker as worker_cli
 
     exits: list[int] = []
     monkeypatch.setattr(worker_cli.os, "_exit", exits.append)

@@ -140,11 +140,11 @@ class Inspection:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from streams.cli import _config_path
-    from streams.replay.engine import fingerprinter_from_env
+    from streams.cli.common import config_path
     from streams.replay.files import expand_paths, iter_batches
+    from streams.runtime import fingerprinter_from_env
 
-    policy = load_policy(_config_path(args.config))
+    policy = load_policy(config_path(args.config))
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         raise LoopwatchError(f"{missing[0]}: no such file or directory")

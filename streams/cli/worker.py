@@ -10,7 +10,7 @@ line saying what it abandoned (`BoundedStop`); nothing undelivered was acknowled
 its input records are processed again after a restart.
 
 Any problem before the worker runs is one clear line on stderr and exit status 2
-(`streams.cli.main` turns a LoopwatchError into that).
+(`streams.cli.main.main` turns a LoopwatchError into that).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from alerts.metrics import Metrics
-    from streams.replay.engine import fingerprinter_from_env
+    from streams.runtime import fingerprinter_from_env
     from streams.worker.broker import FoldRepeats
     from streams.worker.faust_app import build_app
     from streams.worker.statedir import prepare
