@@ -22,8 +22,8 @@ def main(argv: list[str]) -> int:
     import faust
 
     from streams.runtime import tune_gc
-    from streams.settings import WorkerSettings
     from streams.worker.faust_app import consumer_conf
+    from streams.worker.settings import WorkerSettings
 
     topic_name, want = argv[0], int(argv[1])
     s = WorkerSettings.from_env()

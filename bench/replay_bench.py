@@ -20,7 +20,7 @@ from streams.spanpath.otlp.json_decode import _decode_native as decode_json_nati
 from streams.spanpath.otlp.json_decode import decode_json_py
 from streams.spanpath.otlp.proto import decode_proto_py
 from streams.spanpath.spans import SpanRecord
-from streams.worker.codec import encode_state
+from streams.worker.state.codec import encode_state
 
 
 def rss_mib() -> float:
@@ -71,7 +71,7 @@ def leak_check(spans: int, policy_path: str, replays: int = 10) -> list[float]:
 
 
 def state_sizes(messages: list[bytes], policy_path: str) -> list[int]:
-    """Serialized RunState sizes (the `runs` table's encoding, streams.worker.codec) of the runs
+    """Serialized RunState sizes (the `runs` table's encoding, streams.worker.state.codec) of the runs
     that are live mid-stream."""
     policy = load_policy(policy_path)
     engine = Engine(policy, Fingerprinter(b"bench-key"), lambda e: None, lambda s: None)

@@ -10,7 +10,7 @@
 #   5. print every loop_detected event as one line until Ctrl-C
 #   6. stop the worker, and the broker if this script started it
 #
-# The worker reads its settings from the environment (streams/settings.py): LOOPWATCH_*
+# The worker reads its settings from the environment (streams/worker/settings.py): LOOPWATCH_*
 # variables set here are passed through, e.g. LOOPWATCH_WEB_PORT=7066 make run.
 set -euo pipefail
 
@@ -121,8 +121,8 @@ say "creating topics"
 "$PY" -c '
 import sys
 from detectors.errors import LoopwatchError
-from streams.settings import WorkerSettings
-from streams.topics import ensure_topics
+from streams.worker.settings import WorkerSettings
+from streams.worker.kafka.topics import ensure_topics
 try:
     layout = ensure_topics(WorkerSettings.from_env())
 except LoopwatchError as exc:

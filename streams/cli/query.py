@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.errors import LoopwatchError
-from streams import api_params
+from streams.worker.api import params as api_params
 
 __all__ = [
     "BY_LABELS",
@@ -64,7 +64,7 @@ FINDING_COLUMNS = (
 
 
 def parse_since(text: str) -> str:
-    """`--since` (streams/api_params.py: the API's rule) -> its canonical text."""
+    """`--since` (streams/worker/api/params.py: the API's rule) -> its canonical text."""
     try:
         return api_params.parse_since(text)[0]
     except api_params.ParamError as exc:
@@ -72,7 +72,7 @@ def parse_since(text: str) -> str:
 
 
 def parse_by(text: str) -> list[str]:
-    """`--by` (streams/api_params.py: the API's rule) -> the labels."""
+    """`--by` (streams/worker/api/params.py: the API's rule) -> the labels."""
     try:
         return api_params.parse_by(text)
     except api_params.ParamError as exc:

@@ -1,8 +1,8 @@
 """`loopwatch worker`: run the Kafka stream service (streams/worker/) in the foreground.
 
-Startup order: settings (env, `streams.settings`) and policy (YAML) are validated, the broker
-is probed with a short timeout and the topics are created (`streams.topics`), the web and
-metrics ports are checked, the data dir is prepared (streams/worker/statedir.py), then the
+Startup order: settings (env, `streams.worker.settings`) and policy (YAML) are validated, the broker
+is probed with a short timeout and the topics are created (`streams.worker.kafka.topics`), the web and
+metrics ports are checked, the data dir is prepared (streams/worker/state/statedir.py), then the
 faust worker runs until SIGTERM/SIGINT (graceful stop: agents finish the current batch,
 offsets are committed, the producer is flushed). The stop is bounded: after
 ``LOOPWATCH_STOP_TIMEOUT_SECONDS`` (30) the process exits whatever the broker does, with a
@@ -43,8 +43,8 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from streams.settings import WorkerSettings
-    from streams.topics import ensure_topics
+    from streams.worker.kafka.topics import ensure_topics
+    from streams.worker.settings import WorkerSettings
 
     settings = WorkerSettings.from_env()
     config = getattr(args, "config", None) or os.environ.get("LOOPWATCH_CONFIG") or None
@@ -81,9 +81,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from alerts.metrics import Metrics
     from streams.runtime import fingerprinter_from_env
-    from streams.worker.broker import FoldRepeats
     from streams.worker.faust_app import build_app
-    from streams.worker.statedir import prepare
+    from streams.worker.kafka.broker import FoldRepeats
+    from streams.worker.state.statedir import prepare
 
     # a data dir that cannot be written: one line, exit 2; damaged table state: moved
     # aside (one warning line each) and rebuilt from the changelogs

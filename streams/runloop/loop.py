@@ -1,10 +1,10 @@
 """One run loop for both drivers: steps of runs in, findings and summaries out, deadlines
-scheduled. `loopwatch replay` (streams/replay/engine.py) and the worker (streams/worker/driver.py)
+scheduled. `loopwatch replay` (streams/replay/engine.py) and the worker (streams/worker/agents/driver.py)
 both call it and re-implement none of it; they differ in where bytes come from, where state
 lives and what the clock is:
 
 * the store (`RunStore`): a dict (`MemoryStore`, replay) or the worker's tables with their
-  envelope encoding, write-through cache and pending writes (streams/worker/store.py);
+  envelope encoding, write-through cache and pending writes (streams/worker/state/store.py);
 * the clock: ``now_ns`` is passed to every call, the replay's event-time watermark or the
   worker's wall / input clock;
 * the sink (`Sink`): where events, summaries and counts go.

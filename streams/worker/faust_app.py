@@ -16,11 +16,11 @@ from typing import Any, cast
 from detectors.policy import Policy
 from streams.spanpath.normalize import Normalizer
 from streams.worker import faust_internals
-from streams.worker.broker import BROKER_PROBE_SECONDS
+from streams.worker.agents.timers import release_free_memory
+from streams.worker.api.views import Views
+from streams.worker.kafka.broker import BROKER_PROBE_SECONDS
 from streams.worker.service import Worker
-from streams.worker.store import Tables
-from streams.worker.timers import release_free_memory
-from streams.worker.views import Views
+from streams.worker.state.store import Tables
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -85,7 +85,7 @@ class LoopwatchService:
     ) -> None:
         import faust
 
-        from streams.topics import (
+        from streams.worker.kafka.topics import (
             FINISHED_TABLE,
             LOOP_COUNTS_TABLE,
             RUN_COUNTS_TABLE,
@@ -253,6 +253,6 @@ def build_app(
     metrics: Any,
     detect_partitions: int,
 ) -> LoopwatchService:
-    """The faust service for `settings` (topics must exist: see streams.topics)."""
+    """The faust service for `settings` (topics must exist: see streams.worker.kafka.topics)."""
     normalizer = Normalizer(policy, fingerprinter)
     return LoopwatchService(settings, policy, normalizer, metrics, detect_partitions)

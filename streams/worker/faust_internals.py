@@ -35,7 +35,7 @@ Seen with tracing (`LOOPWATCH_DEBUG_FLOW`, tests/integration/failpoints/flowtrac
 fetched during the seek, then "flow_control.resume clears a queue: 3 items
 [otlp/3@6, otlp/3@7, otlp/3@8]", then read offset 5 and position 9 for that partition
 until the end. A later record on the partition reveals the gap (faust then even
-commits over it; streams/worker/skips.py reads such gaps back), but with no later
+commits over it; streams/worker/kafka/skips.py reads such gaps back), but with no later
 record the partition stalls with its lag: the restart stall of issue 16.
 
 The fix: stop the consumer's flow and suspend flow control *before* faust resumes the

@@ -35,20 +35,20 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from detectors.policy import Policy
-from streams.input_clock import InputClock, KafkaInputProbe
 from streams.spanpath import native
 from streams.spanpath.normalize import Normalizer
-from streams.worker.broker import BrokerLink, MetadataProbe
-from streams.worker.clock import DeadlineClock
-from streams.worker.dead_letters import DeadLetters
-from streams.worker.delivery import Publisher
-from streams.worker.detect import Detect
-from streams.worker.driver import RunDriver
-from streams.worker.ingest import Ingest, InputReader
-from streams.worker.skips import SkipGuard
-from streams.worker.statedir import writable
-from streams.worker.store import Tables
-from streams.worker.timers import Timers
+from streams.worker.agents.clock import DeadlineClock
+from streams.worker.agents.dead_letters import DeadLetters
+from streams.worker.agents.detect import Detect
+from streams.worker.agents.driver import RunDriver
+from streams.worker.agents.ingest import Ingest, InputReader
+from streams.worker.agents.timers import Timers
+from streams.worker.kafka.broker import BrokerLink, MetadataProbe
+from streams.worker.kafka.delivery import Publisher
+from streams.worker.kafka.input_clock import InputClock, KafkaInputProbe
+from streams.worker.kafka.skips import SkipGuard
+from streams.worker.state.statedir import writable
+from streams.worker.state.store import Tables
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -114,7 +114,7 @@ class Worker:
             cache_size=s.state_cache_size,
         )
         # Unkeyed input: deadlines wait for the group's progress through every input
-        # partition (streams/input_clock.py); keyed input keeps a trace on one partition.
+        # partition (streams/worker/kafka/input_clock.py); keyed input keeps a trace on one partition.
         self.clock = DeadlineClock(
             InputClock(time.time_ns()) if s.input_clock and not self.keyed else None,
             s.input_clock_max_lag_seconds,

@@ -54,7 +54,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from streams.worker.formats import decode_run_groups
+from streams.worker.agents.messages import decode_run_groups
 from tests.integration.worker_support import LONG, Oracle, read_to_end, rooted_corpus
 from tests.support.kafka import bootstrap, create_topics, require_broker
 from tests.support.worker_proc import REPO, WorkerProc, reader, write_policy

@@ -1,6 +1,6 @@
 """A run whose spans wait in one input partition's backlog while its root is alone on
 another (unkeyed input, the kafkaexporter's default): the worker must not finalize the run
-from its root alone. The input clock (streams/input_clock.py) holds run deadlines until
+from its root alone. The input clock (streams/worker/kafka/input_clock.py) holds run deadlines until
 the consumer group has processed every input record that existed meanwhile.
 
 Before the input clock the worker finalized the run `finalize_grace_seconds` after its root

@@ -1,4 +1,4 @@
-"""The on-call API's parameters are one contract (streams/api_params.py): `loopwatch query`
+"""The on-call API's parameters are one contract (streams/worker/api/params.py): `loopwatch query`
 rejects before any request exactly what the worker's API would answer 400 for, each naming
 the parameter its own way. They were two parsers with two rules (the CLI refused a bare
 number of seconds the API took, and spelled its errors differently)."""
@@ -9,7 +9,7 @@ import pytest
 
 from detectors.errors import LoopwatchError
 from streams.cli import query
-from streams.worker import api
+from streams.worker.api import keys as api
 
 BAD_SINCE = ["5x", "0h", "0", "1.5h", "h", "-1h", "1w", "400d", "367d", "", "abc", "1h ago"]
 GOOD_SINCE = [

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from detectors.errors import ConfigError
-from streams.settings import WorkerSettings
-from streams.topics import topic_specs
+from streams.worker.kafka.topics import topic_specs
+from streams.worker.settings import WorkerSettings
 from tests.support.worker_proc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

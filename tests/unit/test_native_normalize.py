@@ -44,7 +44,7 @@ from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODE
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
 from streams.spanpath.otlp.proto import decode_proto_py
 from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
-from streams.worker.ingest import InputReader
+from streams.worker.agents.ingest import InputReader
 from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
 from tests.unit.test_native_json import TOKENS, dumps

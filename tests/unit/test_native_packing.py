@@ -1,5 +1,5 @@
 """The native state writer (loopwatch_native.StateWriter) against the reference `Writer` of
-streams/worker/packing.py: the same method calls give the same bytes, for generated columns,
+streams/worker/state/packing.py: the same method calls give the same bytes, for generated columns,
 rows, records and mappings (every kind the format has, and the values that fall back to
 JSON), and for every state the example corpus and the bench corpus pass through.
 
@@ -25,9 +25,9 @@ from detectors.state import RunState
 from streams.replay.engine import Engine
 from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
-from streams.worker import packing
-from streams.worker.codec import _DOCS, _WINDOW, decode_state, encode_state
-from streams.worker.packing import Layout, Writer
+from streams.worker.state import packing
+from streams.worker.state.codec import _DOCS, _WINDOW, decode_state, encode_state
+from streams.worker.state.packing import Layout, Writer
 from tests.native_ext import EXT, requires_native
 
 pytestmark = requires_native

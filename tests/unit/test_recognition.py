@@ -13,7 +13,7 @@ from detectors.policy import Policy, policy_from_mapping
 from detectors.state import RunState
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.spans import STATUS_ERROR, SpanEvent, SpanRecord
-from streams.worker import codec
+from streams.worker.state import codec
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

@@ -1,8 +1,8 @@
-"""OffsetGaps: which input offsets the stream skipped (streams/refetch.py)."""
+"""OffsetGaps: which input offsets the stream skipped (streams/worker/kafka/refetch.py)."""
 
 from __future__ import annotations
 
-from streams.refetch import OffsetGaps
+from streams.worker.kafka.refetch import OffsetGaps
 
 
 def test_forward_jumps_are_gaps_and_redeliveries_are_not() -> None:

@@ -1,5 +1,5 @@
 """The one run loop (streams/runloop/loop.py) that the replay (streams/replay/engine.py) and the worker
-(streams/worker/driver.py) both drive: per-run apply, release, deadline choice (grace vs
+(streams/worker/agents/driver.py) both drive: per-run apply, release, deadline choice (grace vs
 idle, release timer), finalization and event building over a store, with the clock and the
 sink passed in. The drivers' own tests (test_examples, test_worker_driver) are thin: what
 each adds is where state lives and what the clock is."""
@@ -19,7 +19,7 @@ from streams.replay.engine import Engine
 from streams.runloop.loop import NS, MemoryStore, RunLoop
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
-from streams.worker.store import TableStore
+from streams.worker.state.store import TableStore
 from tests.spankit import Run, example_policy
 
 T0 = 1_800_000_000 * NS

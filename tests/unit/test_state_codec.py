@@ -1,4 +1,4 @@
-"""The `runs` table's RunState encoding (streams/worker/codec.py): exact round trips, detection
+"""The `runs` table's RunState encoding (streams/worker/state/codec.py): exact round trips, detection
 unchanged when every state goes through the codec between batches (as the stream worker's
 state does), format-1 JSON values still readable, corrupt values rejected with DecodeError,
 and the size target of docs/PERFORMANCE.md (≤ 2 KiB per active run)."""
@@ -25,8 +25,8 @@ from streams.replay.engine import Engine
 from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
 from streams.spanpath.spans import SpanRecord
-from streams.worker.codec import FORMAT_PACKED, decode_state, encode_state
-from streams.worker.store import Envelope, decode_envelope, encode_envelope
+from streams.worker.state.codec import FORMAT_PACKED, decode_state, encode_state
+from streams.worker.state.store import Envelope, decode_envelope, encode_envelope
 from tests.spankit import Run, example_policy
 
 ROOT = Path(__file__).resolve().parents[2]

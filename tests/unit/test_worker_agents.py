@@ -20,12 +20,9 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
-from streams.input_clock import InputClock
 from streams.runloop.deadlines import Deadline
-from streams.settings import WorkerSettings
 from streams.spanpath.normalize import Normalizer
-from streams.worker.delivery import Abandoned
-from streams.worker.formats import (
+from streams.worker.agents.messages import (
     decode_run_groups,
     encode_run_groups,
     encode_tick,
@@ -33,8 +30,11 @@ from streams.worker.formats import (
     split_to_fit,
     tick_clock,
 )
+from streams.worker.kafka.delivery import Abandoned
+from streams.worker.kafka.input_clock import InputClock
 from streams.worker.service import Worker
-from streams.worker.store import Tables, decode_envelope
+from streams.worker.settings import WorkerSettings
+from streams.worker.state.store import Tables, decode_envelope
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 
@@ -387,7 +387,7 @@ def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
 
 
 class FakeRefetcher:
-    """Stands in for streams.refetch.Refetcher: the broker's copy of skipped records."""
+    """Stands in for streams.worker.kafka.refetch.Refetcher: the broker's copy of skipped records."""
 
     def __init__(self, records: dict[int, bytes], topic: str = "otlp_spans") -> None:
         self.records = records
@@ -460,7 +460,7 @@ async def test_ingest_reads_back_skipped_records_before_the_one_that_revealed_th
 
 @pytest.fixture
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("streams.worker.delivery.PUBLISH_RETRY_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr("streams.worker.kafka.delivery.PUBLISH_RETRY_FIRST_SECONDS", 0.01)
 
 
 def retries(service: Any, stage: str) -> float | None:
@@ -615,7 +615,7 @@ def test_split_to_fit_keeps_every_step_in_order(service: Any) -> None:
 async def test_ingest_splits_steps_over_the_message_limit(
     service: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("streams.worker.ingest.MAX_STEPS_MESSAGE_BYTES", 2000)
+    monkeypatch.setattr("streams.worker.agents.ingest.MAX_STEPS_MESSAGE_BYTES", 2000)
     run = Run(trace=33)
     calls = 60  # over 3 messages of 2,000 bytes (marshal writes a str shared by steps once)
     for i in range(calls):

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from streams.api_params import LOOP_LABELS, RUN_LABELS
-from streams.worker.api import (
+from streams.worker.agents.dead_letters import dead_letter_key, dead_letter_record
+from streams.worker.api.keys import (
     BadRequest,
     aggregate_key,
     check_bearer,
@@ -18,7 +18,7 @@ from streams.worker.api import (
     parse_since,
     sum_windows,
 )
-from streams.worker.dead_letters import dead_letter_key, dead_letter_record
+from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
 
 
 @pytest.mark.parametrize(

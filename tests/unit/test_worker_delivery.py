@@ -1,4 +1,4 @@
-"""streams/worker/delivery.py: the Publisher with fake topics and metrics passed to its
+"""streams/worker/kafka/delivery.py: the Publisher with fake topics and metrics passed to its
 constructor (no faust, no broker)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry
 
 from alerts.metrics import Metrics
-from streams.worker.delivery import Abandoned, Outgoing, Publisher
+from streams.worker.kafka.delivery import Abandoned, Outgoing, Publisher
 
 
 class Topic:

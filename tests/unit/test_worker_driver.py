@@ -1,4 +1,4 @@
-"""The worker's thin driver of the run loop (streams/worker/driver.py, no faust, no broker): RunDriver over
+"""The worker's thin driver of the run loop (streams/worker/agents/driver.py, no faust, no broker): RunDriver over
 dict tables with an explicit clock behaves like the replay engine; deadlines, ticks,
 finished markers, eviction and the write-through state cache."""
 
@@ -20,16 +20,16 @@ from streams.runloop.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_record
-from streams.worker.api import run_view
-from streams.worker.driver import NS, RunDriver
-from streams.worker.formats import (
+from streams.worker.agents.driver import NS, RunDriver
+from streams.worker.agents.messages import (
     decode_run_groups,
     decode_steps,
     encode_run_groups,
     encode_steps,
     key_partition,
 )
-from streams.worker.store import Envelope, decode_envelope, decode_header, encode_envelope
+from streams.worker.api.keys import run_view
+from streams.worker.state.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy
 from tests.support.deliveries import exported_in_time_order

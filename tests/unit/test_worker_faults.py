@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 from alerts.metrics import Metrics
 from detectors.errors import LoopwatchError
 from streams.cli.worker import BoundedStop
-from streams.settings import WorkerSettings
-from streams.worker import statedir
-from streams.worker.broker import BrokerLink, FoldRepeats
+from streams.worker.kafka.broker import BrokerLink, FoldRepeats
+from streams.worker.settings import WorkerSettings
+from streams.worker.state import statedir
 
 
 class Clock:

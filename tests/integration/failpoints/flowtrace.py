@@ -102,7 +102,7 @@ def install() -> None:
 
     Consumer._wait_next_records = _wait_next_records  # type: ignore[method-assign]
 
-    from streams.worker.ingest import Ingest
+    from streams.worker.agents.ingest import Ingest
 
     orig_event = Ingest.event
 

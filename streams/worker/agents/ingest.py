@@ -17,17 +17,17 @@ from detectors.model import Step
 from streams.errors import DecodeError
 from streams.spanpath import SpanPath
 from streams.spanpath.normalize import Normalizer
-from streams.worker.clock import DeadlineClock
-from streams.worker.dead_letters import DeadLetters
-from streams.worker.delivery import Abandoned, Outgoing, Publisher, Sent
-from streams.worker.formats import (
+from streams.worker.agents.clock import DeadlineClock
+from streams.worker.agents.dead_letters import DeadLetters
+from streams.worker.agents.messages import (
     MAX_STEPS_MESSAGE_BYTES,
     encode_first_steps,
     encode_run_groups,
     key_partition,
     split_to_fit,
 )
-from streams.worker.skips import SkipGuard
+from streams.worker.kafka.delivery import Abandoned, Outgoing, Publisher, Sent
+from streams.worker.kafka.skips import SkipGuard
 
 log = logging.getLogger("loopwatch.worker")
 

@@ -10,8 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streams.api_params import LOOP_LABELS, RUN_LABELS
-from streams.worker.api import (
+from streams.worker.api.keys import (
     BadRequest,
     PeerError,
     check_bearer,
@@ -21,6 +20,7 @@ from streams.worker.api import (
     run_view,
     sum_windows,
 )
+from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
 
 
 class Views:

@@ -1,4 +1,4 @@
-"""The deadline clock: the wall clock, held back to the input clock (streams/input_clock.py)
+"""The deadline clock: the wall clock, held back to the input clock (streams/worker/kafka/input_clock.py)
 for unkeyed input, so that a run is not finalized while spans that may belong to it wait in
 another input partition's backlog (docs/OPERATIONS.md "Input partitioning")."""
 
@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streams.input_clock import InputClock
-from streams.worker.formats import CLOCK_HEADER
+from streams.worker.agents.messages import CLOCK_HEADER
+from streams.worker.kafka.input_clock import InputClock
 
 log = logging.getLogger("loopwatch.worker")
 

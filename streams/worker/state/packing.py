@@ -1,5 +1,5 @@
-"""The column writer of the `runs` table's state format (streams/worker/codec.py); its reader
-is streams/worker/unpacking.py.
+"""The column writer of the `runs` table's state format (streams/worker/state/codec.py); its reader
+is streams/worker/state/unpacking.py.
 
 The state is written as columns: lists of like values (the dedup map's keys, the window's
 times, ...); records (window entries, detector map values, buffered steps) are transposed

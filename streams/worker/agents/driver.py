@@ -21,8 +21,8 @@ from detectors.policy import Policy
 from detectors.state import RunState
 from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
 from streams.runloop.loop import NS, Envelope, RunLoop
-from streams.worker.formats import key_text
-from streams.worker.store import Table, TableStore, decode_finished, decode_header
+from streams.worker.agents.messages import key_text
+from streams.worker.state.store import Table, TableStore, decode_finished, decode_header
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -111,7 +111,7 @@ class RunDriver:
         index = self.loop.index
         index.clear()
         # Writes staged before the rebalance go: detect drops their records unacknowledged
-        # (streams/worker/detect.py), so they are processed again from the tables' state.
+        # (streams/worker/agents/detect.py), so they are processed again from the tables' state.
         self.store.discard_writes()
         for key, raw in runs:
             try:

@@ -1,7 +1,7 @@
 """The worker's state store: what the `runs` and `finished` tables hold, and how.
 
 A `runs` value is an envelope: a small JSON header (the run loop's `Envelope`: what the
-deadline index needs) and the run's state (streams/worker/codec.py),
+deadline index needs) and the run's state (streams/worker/state/codec.py),
 ``<header JSON>\\n<RunState>``, so that rebuilding the deadline index after a rebalance
 parses only the headers. A `finished` value is ``[finished_ns, partition]``. Tables are
 plain key/value mappings here (a dict in tests, a faust table in the service).
@@ -20,7 +20,7 @@ from typing import Any
 from detectors.state import RunState
 from streams.runloop.deadlines import FinishedIndex
 from streams.runloop.loop import Envelope
-from streams.worker.codec import decode_state, encode_state
+from streams.worker.state.codec import decode_state, encode_state
 
 ENVELOPE_VERSION = 1
 

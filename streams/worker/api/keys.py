@@ -1,6 +1,6 @@
 """The on-call API's pure parts: query parameters, the windowed count tables' keys and
 sums, the /runs/{run_id} view of a run's state, the bearer token check. The faust views
-that serve them: streams/worker/views.py."""
+that serve them: streams/worker/api/views.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from alerts.events import event_id
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
-from streams import api_params
-from streams.api_params import DEFAULT_SINCE, LOOP_LABELS
-from streams.worker.store import decode_envelope
+from streams.worker.api import params as api_params
+from streams.worker.api.params import DEFAULT_SINCE, LOOP_LABELS
+from streams.worker.state.store import decode_envelope
 
 NS = 1_000_000_000
 
@@ -27,7 +27,7 @@ class PeerError(RuntimeError):
 
 
 def parse_since(text: str | None) -> tuple[str, int]:
-    """`since=` (streams/api_params.py; default 1h) -> (its text, seconds). The windowed
+    """`since=` (streams/worker/api/params.py; default 1h) -> (its text, seconds). The windowed
     counters keep 24 h, so a longer window covers what is kept."""
     try:
         return api_params.parse_since(text if text is not None else DEFAULT_SINCE)
@@ -36,7 +36,7 @@ def parse_since(text: str | None) -> tuple[str, int]:
 
 
 def parse_by(text: str | None) -> list[str]:
-    """`by=` (streams/api_params.py; default every label of /loops)."""
+    """`by=` (streams/worker/api/params.py; default every label of /loops)."""
     if text is None:
         return list(LOOP_LABELS)
     try:

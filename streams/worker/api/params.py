@@ -1,6 +1,6 @@
 """The on-call API's query parameters, one contract for both ends: `loopwatch query`
 checks them before any request (streams/cli/query.py, `--since`, `--by`) and the worker's API
-answers 400 for the same values (streams/worker/views.py, `since=`, `by=`).
+answers 400 for the same values (streams/worker/api/views.py, `since=`, `by=`).
 
 A `ParamError` message has a `{name}` placeholder for the parameter as the caller spells
 it, so each end names it its own way with the same rule behind it.

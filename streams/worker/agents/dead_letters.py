@@ -10,8 +10,8 @@ import hashlib
 import re
 from typing import Any
 
-from streams.worker.delivery import Outgoing, Publisher, Sent
-from streams.worker.formats import to_json
+from streams.worker.agents.messages import to_json
+from streams.worker.kafka.delivery import Outgoing, Publisher, Sent
 
 _TRACE_ID_KEY = re.compile(rb"[0-9a-f]{32}")
 

@@ -1,5 +1,5 @@
 """Compact binary encoding of a RunState: the value of the worker's `runs` table (inside the
-envelope of streams/worker/store.py), decoded and re-encoded for every batch a run receives
+envelope of streams/worker/state/store.py), decoded and re-encoded for every batch a run receives
 (docs/PERFORMANCE.md: ≤ 2 KiB per active run).
 
 Format 2 (first byte 0x02):
@@ -8,7 +8,7 @@ Format 2 (first byte 0x02):
 
 J is a compact JSON array ``[kinds, strings, n_refs, *items]``; B holds the references into the
 string pool `strings` (u8, or u16 past 256 entries), then the binary columns. How columns
-are written: streams/worker/packing.py; read: streams/worker/unpacking.py.
+are written: streams/worker/state/packing.py; read: streams/worker/state/unpacking.py.
 
 A value starting with '{' is format 1, the JSON of RunState.to_dict() that earlier versions
 wrote: still read, and the run's next update writes it back in format 2. Anything else, or a
@@ -38,8 +38,8 @@ from detectors.state import (
     RunState,
 )
 from streams.errors import DecodeError
-from streams.worker.packing import FORMAT_PACKED, Layout, Writer, new_writer
-from streams.worker.unpacking import Reader
+from streams.worker.state.packing import FORMAT_PACKED, Layout, Writer, new_writer
+from streams.worker.state.unpacking import Reader
 
 FORMAT_JSON = ord("{")  # format 1: RunState.to_dict() as JSON
 
@@ -200,4 +200,6 @@ def _decode_packed(data: bytes) -> RunState:
 # RunState without a place here would silently not survive a restart.
 _WRITTEN = (*_PLAIN, *_TIMES, *_FLAGS, *_BLOOMS, *_MAPS, *_SPECIAL)
 if sorted(_WRITTEN) != sorted(RunState.__dataclass_fields__):
-    raise AssertionError("streams.worker.codec: RunState fields and the codec's groups differ")
+    raise AssertionError(
+        "streams.worker.state.codec: RunState fields and the codec's groups differ"
+    )

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from detectors.errors import ConfigError
 from streams.errors import BrokerError
-from streams.settings import WorkerSettings
+from streams.worker.settings import WorkerSettings
 
 # Table names (faust changelog topic = "<app id>-<table>-changelog").
 RUNS_TABLE = "runs"

@@ -94,7 +94,7 @@ variable                                  default                     meaning
 ``LOOPWATCH_INPUT_CLOCK``                 ``true``                    unkeyed input: hold run
                                                                       deadlines until the group
                                                                       has processed the input
-                                                                      backlog (streams/input_clock.py);
+                                                                      backlog (streams/worker/kafka/input_clock.py);
                                                                       ``false``: wall clock only
 ``LOOPWATCH_INPUT_CLOCK_MAX_LAG_SECONDS`` ``900``                     the input clock holds run
                                                                       deadlines at most this far

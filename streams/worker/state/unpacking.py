@@ -1,5 +1,5 @@
 """The column reader of the `runs` table's state format: `Reader`, the inverse of
-`Writer` in streams/worker/packing.py (the format and its column kinds are described
+`Writer` in streams/worker/state/packing.py (the format and its column kinds are described
 there). Anything that does not add up (checksum, lengths, kinds, references) raises
 DecodeError.
 """
@@ -11,7 +11,7 @@ import zlib
 from typing import Any
 
 from streams.errors import DecodeError
-from streams.worker.packing import _HEAD, _INT_SIZE, Layout, _ref_code, _struct
+from streams.worker.state.packing import _HEAD, _INT_SIZE, Layout, _ref_code, _struct
 
 
 class Reader:

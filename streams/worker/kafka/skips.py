@@ -1,6 +1,6 @@
 """Records the stream skipped: faust's stream was seen skipping a record around rebalances
 (offsets 17, 18, 20 delivered, 19 committed with them). `SkipGuard` tracks the last offset
-processed per partition (streams/refetch.py), reads a skipped range back from the broker,
+processed per partition (streams/worker/kafka/refetch.py), reads a skipped range back from the broker,
 and acknowledges what it read back to faust's consumer (it commits only up to the first
 offset it has not seen acknowledged)."""
 
@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from streams.refetch import OffsetGaps, Refetcher
 from streams.worker.faust_internals import committed_offsets
+from streams.worker.kafka.refetch import OffsetGaps, Refetcher
 
 log = logging.getLogger("loopwatch.worker")
 

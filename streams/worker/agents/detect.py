@@ -17,7 +17,7 @@ records are processed again from their committed offsets by the partition's next
 acknowledgement from before the rebalance never reaches faust (it would commit the new
 assignment past records whose state was dropped).
 
-A tick (streams/worker/timers.py) releases, finalizes and evicts the due runs of its
+A tick (streams/worker/agents/timers.py) releases, finalizes and evicts the due runs of its
 partition, judged by the clock it was sent with. With keyed input detect reads the input
 topic itself (no hop): records are decoded here.
 """
@@ -31,12 +31,11 @@ from collections.abc import Callable
 from typing import Any
 
 from detectors.model import Step
-from streams.worker.api import aggregate_key
-from streams.worker.clock import DeadlineClock
-from streams.worker.dead_letters import DeadLetters
-from streams.worker.delivery import Abandoned, Outgoing, Publisher, Sent
-from streams.worker.driver import Outputs, RunDriver
-from streams.worker.formats import (
+from streams.worker.agents.clock import DeadlineClock
+from streams.worker.agents.dead_letters import DeadLetters
+from streams.worker.agents.driver import Outputs, RunDriver
+from streams.worker.agents.ingest import InputReader
+from streams.worker.agents.messages import (
     TICK_VALUE_PREFIX,
     decode_run_groups,
     decode_steps,
@@ -45,9 +44,10 @@ from streams.worker.formats import (
     tick_clock,
     to_json,
 )
-from streams.worker.ingest import InputReader
-from streams.worker.skips import SkipGuard
-from streams.worker.store import Tables
+from streams.worker.api.keys import aggregate_key
+from streams.worker.kafka.delivery import Abandoned, Outgoing, Publisher, Sent
+from streams.worker.kafka.skips import SkipGuard
+from streams.worker.state.store import Tables
 
 log = logging.getLogger("loopwatch.worker")
 

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from streams.worker.clock import DeadlineClock
-from streams.worker.delivery import Outgoing, Publisher, ignore_failure
-from streams.worker.driver import RunDriver
+from streams.worker.agents.clock import DeadlineClock
+from streams.worker.agents.driver import RunDriver
+from streams.worker.agents.messages import encode_tick
 from streams.worker.faust_internals import read_offsets
-from streams.worker.formats import encode_tick
+from streams.worker.kafka.delivery import Outgoing, Publisher, ignore_failure
 
 TICK_RESEND_SECONDS = 10.0  # one tick in flight per partition, sent again if lost
 
