@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from detectors.config_reader import ConfigReader, join
 from detectors.errors import ConfigError
-from detectors.reader import Reader, join
 from detectors.recognition import FIELDS as RECOGNITION_FIELDS
 from detectors.recognition import Profile, Termination, compile_profiles
 
@@ -291,7 +291,7 @@ _TOP_KEYS = {
 }
 
 
-def _limits(r: Reader, raw: Any, path: str, base: Limits) -> Limits:
+def _limits(r: ConfigReader, raw: Any, path: str, base: Limits) -> Limits:
     m = r.mapping(raw, path, _LIMIT_KEYS)
     changes: dict[str, Any] = {}
     for key in (
@@ -325,7 +325,7 @@ def _limits(r: Reader, raw: Any, path: str, base: Limits) -> Limits:
     return replace(base, **changes)
 
 
-def _tool(r: Reader, name: str, raw: Any, path: str) -> ToolContract:
+def _tool(r: ConfigReader, name: str, raw: Any, path: str) -> ToolContract:
     m = r.mapping(raw, path, _TOOL_KEYS)
     kw: dict[str, Any] = {"name": name}
     if "identity" in m:
@@ -385,7 +385,7 @@ def _tool(r: Reader, name: str, raw: Any, path: str) -> ToolContract:
 
 
 def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
-    r = Reader(source)
+    r = ConfigReader(source)
     m = r.mapping(raw, "", _TOP_KEYS)
     kw: dict[str, Any] = {}
     if "policy_version" in m:
@@ -490,7 +490,7 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
 
 
 def _profiles(
-    r: Reader,
+    r: ConfigReader,
     user: Any,
     conventions: dict[str, tuple[str, ...]],
     overridden: set[str],
@@ -535,7 +535,7 @@ def default_profiles() -> tuple[Profile, ...]:
     global _DEFAULT_PROFILES
     if _DEFAULT_PROFILES is None:
         _DEFAULT_PROFILES = _profiles(
-            Reader(str(BUILTIN_PROFILES_FILE)),
+            ConfigReader(str(BUILTIN_PROFILES_FILE)),
             None,
             {},
             set(),

@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from detectors.config_reader import ConfigReader
 from detectors.errors import ConfigError
 from detectors.model import AGENT, HANDOFF, LLM, PLAN, SUMMARY, TOOL
-from detectors.reader import Reader
 
 KINDS = (TOOL, LLM, AGENT, HANDOFF, PLAN, SUMMARY)
 
@@ -203,7 +203,7 @@ class RawProfile:
 class _Compiler:
     def __init__(self, source: str) -> None:
         self.source = source
-        self.r = Reader(source)
+        self.r = ConfigReader(source)
 
     def fail(self, path: str, expected: str, got: Any = None) -> ConfigError:
         return self.r.fail(path, expected, got, show_got=got is not None)

@@ -1,5 +1,5 @@
 //! The column writer of the worker's state format: `loopwatch_native.StateWriter`, the same
-//! methods and the same bytes as `Writer` in `streams/worker/state/packing.py` (the reference, and
+//! methods and the same bytes as `ColumnWriter` in `streams/worker/state/packing.py` (the reference, and
 //! the fallback; `tests/unit/test_native_packing.py` runs both on the same values). The
 //! worker encodes a run's state on every batch that touches it: in Python that is one
 //! interpreted pass per column (about a hundred per state), here one typed loop.
@@ -90,7 +90,7 @@ fn hex_value(b: u8) -> u8 {
     }
 }
 
-/// `Writer` of streams/worker/state/packing.py (see there for the format).
+/// `ColumnWriter` of streams/worker/state/packing.py (see there for the format).
 #[pyclass(module = "loopwatch_native", unsendable)]
 pub struct StateWriter {
     kinds: String,

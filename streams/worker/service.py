@@ -37,8 +37,8 @@ from typing import Any
 from detectors.policy import Policy
 from streams.spanpath import native
 from streams.spanpath.normalize import Normalizer
-from streams.worker.agents.clock import DeadlineClock
 from streams.worker.agents.dead_letters import DeadLetters
+from streams.worker.agents.deadline_clock import DeadlineClock
 from streams.worker.agents.detect import Detect
 from streams.worker.agents.driver import RunDriver
 from streams.worker.agents.ingest import Ingest, InputReader

@@ -1,4 +1,4 @@
-"""The native state writer (loopwatch_native.StateWriter) against the reference `Writer` of
+"""The native state writer (loopwatch_native.StateWriter) against the reference `ColumnWriter` of
 streams/worker/state/packing.py: the same method calls give the same bytes, for generated columns,
 rows, records and mappings (every kind the format has, and the values that fall back to
 JSON), and for every state the example corpus and the bench corpus pass through.
@@ -27,7 +27,7 @@ from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
 from streams.worker.state import packing
 from streams.worker.state.codec import _DOCS, _WINDOW, decode_state, encode_state
-from streams.worker.state.packing import Layout, Writer
+from streams.worker.state.packing import Layout, ColumnWriter
 from tests.native_ext import EXT, requires_native
 
 pytestmark = requires_native
@@ -132,7 +132,7 @@ def play(writer: Any, ops: list[tuple[Any, ...]]) -> bytes:
 @DIFF
 @given(OPS)
 def test_generated_writes_give_the_same_bytes(ops: list[tuple[Any, ...]]) -> None:
-    assert play(native_writer(), ops) == play(Writer(), ops)
+    assert play(native_writer(), ops) == play(ColumnWriter(), ops)
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,7 @@ def test_generated_writes_give_the_same_bytes(ops: list[tuple[Any, ...]]) -> Non
     ],
 )
 def test_edge_cases_give_the_same_bytes(ops: list[tuple[Any, ...]]) -> None:
-    assert play(native_writer(), ops) == play(Writer(), ops)
+    assert play(native_writer(), ops) == play(ColumnWriter(), ops)
 
 
 def _states_of(batches: list[list[Any]]) -> list[RunState]:
@@ -164,7 +164,7 @@ def _states_of(batches: list[list[Any]]) -> list[RunState]:
     seen: list[RunState] = []
     for batch in batches:
         engine.feed(batch)
-        seen += [decode_state(encode_state(s, Writer)) for s in engine.runs.values()]
+        seen += [decode_state(encode_state(s, ColumnWriter)) for s in engine.runs.values()]
     engine.close()
     return seen
 
@@ -180,7 +180,7 @@ def test_every_state_of_the_corpora_encodes_to_the_same_bytes() -> None:
     kinds = set()
     for state in states:
         raw = encode_state(state, native_writer)
-        assert raw == encode_state(state, Writer), state.run_id
+        assert raw == encode_state(state, ColumnWriter), state.run_id
         j_len = int.from_bytes(raw[5:9], "little")  # after the format byte and the crc32
         kinds.update(json.loads(raw[9 : 9 + j_len])[0])
     assert kinds >= set("bqrxsSnfzlot")  # the corpora take the format's kinds
@@ -190,4 +190,4 @@ def test_the_active_path_uses_the_native_writer() -> None:
     from streams.spanpath import native
 
     writer = packing.new_writer()
-    assert isinstance(writer, Writer) == (native.ACTIVE == "python")
+    assert isinstance(writer, ColumnWriter) == (native.ACTIVE == "python")

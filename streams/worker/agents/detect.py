@@ -31,8 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from detectors.model import Step
-from streams.worker.agents.clock import DeadlineClock
 from streams.worker.agents.dead_letters import DeadLetters
+from streams.worker.agents.deadline_clock import DeadlineClock
 from streams.worker.agents.driver import Outputs, RunDriver
 from streams.worker.agents.ingest import InputReader
 from streams.worker.agents.messages import (

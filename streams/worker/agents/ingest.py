@@ -17,8 +17,8 @@ from detectors.model import Step
 from streams.errors import DecodeError
 from streams.spanpath import SpanPath
 from streams.spanpath.normalize import Normalizer
-from streams.worker.agents.clock import DeadlineClock
 from streams.worker.agents.dead_letters import DeadLetters
+from streams.worker.agents.deadline_clock import DeadlineClock
 from streams.worker.agents.messages import (
     MAX_STEPS_MESSAGE_BYTES,
     encode_first_steps,

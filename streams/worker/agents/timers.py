@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from streams.worker.agents.clock import DeadlineClock
+from streams.worker.agents.deadline_clock import DeadlineClock
 from streams.worker.agents.driver import RunDriver
 from streams.worker.agents.messages import encode_tick
 from streams.worker.faust_internals import read_offsets

@@ -38,8 +38,8 @@ from detectors.state import (
     RunState,
 )
 from streams.errors import DecodeError
-from streams.worker.state.packing import FORMAT_PACKED, Layout, Writer, new_writer
-from streams.worker.state.unpacking import Reader
+from streams.worker.state.packing import FORMAT_PACKED, ColumnWriter, Layout, new_writer
+from streams.worker.state.unpacking import ColumnReader
 
 FORMAT_JSON = ord("{")  # format 1: RunState.to_dict() as JSON
 
@@ -111,9 +111,9 @@ _get_plain, _get_times, _get_flags = (attrgetter(*names) for names in (_PLAIN, _
 _SPECIAL = ("run_id", "trace_id", "dedup", "pending", "last_key", "unresolved", "window", "streak")
 
 
-def encode_state(state: RunState, make_writer: Callable[[], Writer] = new_writer) -> bytes:
+def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_writer) -> bytes:
     """The state in format 2 (exact: decode_state gives an equal RunState back).
-    `make_writer`: packing.Writer to use the reference writer whatever path is active."""
+    `make_writer`: packing.ColumnWriter to use the reference writer whatever path is active."""
     w = make_writer()
     w.column([state.run_id])
     w.item(None if state.trace_id == state.run_id else state.trace_id)  # usually equal
@@ -168,7 +168,7 @@ def _decode_json(data: bytes) -> RunState:
 
 
 def _decode_packed(data: bytes) -> RunState:
-    r = Reader(data)
+    r = ColumnReader(data)
     fields: dict[str, Any] = {"run_id": r.column(1)[0]}
     trace_id = r.item()
     fields["trace_id"] = fields["run_id"] if trace_id is None else trace_id

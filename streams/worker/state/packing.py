@@ -51,16 +51,16 @@ class Layout(NamedTuple):
     groups: tuple[tuple[int, ...], ...]
 
 
-def new_writer() -> Writer:
+def new_writer() -> ColumnWriter:
     """The writer encode_state uses: loopwatch_native.StateWriter (the same methods and
     bytes, compiled: tests/unit/test_native_packing.py) when the native path is active,
-    else `Writer`, the reference."""
+    else `ColumnWriter`, the reference."""
     if _NATIVE_WRITER is None:
-        return Writer()
-    return cast(Writer, _NATIVE_WRITER(_JSON.encode))
+        return ColumnWriter()
+    return cast(ColumnWriter, _NATIVE_WRITER(_JSON.encode))
 
 
-class Writer:
+class ColumnWriter:
     __slots__ = ("kinds", "items", "data", "strs", "refs", "ids")
 
     def __init__(self) -> None:

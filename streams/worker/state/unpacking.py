@@ -1,5 +1,5 @@
-"""The column reader of the `runs` table's state format: `Reader`, the inverse of
-`Writer` in streams/worker/state/packing.py (the format and its column kinds are described
+"""The column reader of the `runs` table's state format: `ColumnReader`, the inverse of
+`ColumnWriter` in streams/worker/state/packing.py (the format and its column kinds are described
 there). Anything that does not add up (checksum, lengths, kinds, references) raises
 DecodeError.
 """
@@ -14,7 +14,7 @@ from streams.errors import DecodeError
 from streams.worker.state.packing import _HEAD, _INT_SIZE, Layout, _ref_code, _struct
 
 
-class Reader:
+class ColumnReader:
     __slots__ = (
         "kinds",
         "k",

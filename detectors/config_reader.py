@@ -11,7 +11,7 @@ from detectors.errors import ConfigError
 MAX_SECONDS = 1e9  # ~31 years: keeps int(seconds * 1e9) a finite int
 
 
-class Reader:
+class ConfigReader:
     """Walks a parsed YAML mapping, raising ConfigError with file + key path + expectation."""
 
     def __init__(self, source: str) -> None:
