@@ -27,7 +27,7 @@ from streams.replay.files import iter_batches
 from streams.spanpath.otlp import decode_proto
 from streams.worker.state import packing
 from streams.worker.state.codec import _DOCS, _WINDOW, decode_state, encode_state
-from streams.worker.state.packing import Layout, ColumnWriter
+from streams.worker.state.packing import ColumnWriter, Layout
 from tests.native_ext import EXT, requires_native
 
 pytestmark = requires_native
