@@ -37,11 +37,14 @@ from typing import Any
 from detectors.policy import Policy
 from streams.spanpath import native
 from streams.spanpath.normalize import Normalizer
+from streams.worker.agents.checkpoint import Checkpoint
+from streams.worker.agents.counting import Counting
 from streams.worker.agents.dead_letters import DeadLetters
 from streams.worker.agents.deadline_clock import DeadlineClock
+from streams.worker.agents.decode import InputDecoder
 from streams.worker.agents.detect import Detect
 from streams.worker.agents.driver import RunDriver
-from streams.worker.agents.ingest import Ingest, InputReader
+from streams.worker.agents.ingest import Ingest
 from streams.worker.agents.timers import Timers
 from streams.worker.kafka.broker import BrokerLink, MetadataProbe
 from streams.worker.kafka.delivery import Publisher
@@ -141,7 +144,7 @@ class Worker:
             self.skips = SkipGuard.for_broker(s.bootstrap, consumer, self.counters)
         else:
             self.skips = SkipGuard(consumer, self.counters, refetcher)
-        self.reader = InputReader(
+        self.reader = InputDecoder(
             normalizer, s.input_encoding, self.dead_letters, metrics, self.counters
         )
         self.ingest = Ingest(
@@ -165,6 +168,13 @@ class Worker:
             assigned=assigned,
             lag_sources={s.input_topic, s.steps_topic},
         )
+        checkpoint = Checkpoint(
+            self.driver,
+            tables,
+            self.skips,
+            self.publisher,
+            flush_seconds=s.state_flush_ms / 1000,
+        )
         self.detect = Detect(
             self.driver,
             tables,
@@ -173,13 +183,14 @@ class Worker:
             self.publisher,
             self.dead_letters,
             self.clock,
+            checkpoint,
+            Counting(metrics, self.counters, tables),
             topics["events"],
             topics["runs"],
             metrics,
             self.counters,
             keyed_input_topic=s.input_topic if self.keyed else None,
             on_tick=self.timers.tick_handled,
-            flush_seconds=s.state_flush_ms / 1000,
             on_state_error=self.state_write_failed,
         )
 

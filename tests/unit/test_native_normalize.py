@@ -44,7 +44,7 @@ from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODE
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
 from streams.spanpath.otlp.proto import decode_proto_py
 from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
-from streams.worker.agents.ingest import InputReader
+from streams.worker.agents.decode import InputDecoder
 from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
 from tests.unit.test_native_json import TOKENS, dumps
@@ -750,7 +750,7 @@ async def test_worker_json_records_are_normalized_natively(
     monkeypatch.setattr(native, "EXT", EXT)  # the extension, also on the fallback pass
     policy = POLICIES["examples"]
     normalizer = Normalizer(policy, Fingerprinter(b"test-key"))
-    reader = InputReader(normalizer, OTLP_JSON, None, None, {})
+    reader = InputDecoder(normalizer, OTLP_JSON, None, None, {})
     assert reader.span_path.native is not None
     data = proto_to_json_bytes(next(d for s, d in FIXTURES if "examples" in s))
     message = SimpleNamespace(topic="otlp_json", partition=0, offset=1, value=data)

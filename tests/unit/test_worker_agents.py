@@ -189,7 +189,7 @@ async def detect_batch(service: Any, events: list[Any]) -> list[Any]:
     """One detect batch and the flush of its staged state (as the agent does once per
     flush interval); returns the events the flush acknowledges."""
     await service.detect.batch(events)
-    acked: list[Any] = service.detect.flush()
+    acked: list[Any] = service.detect.checkpoint.flush()
     return acked
 
 
@@ -823,17 +823,17 @@ async def test_a_run_touched_by_two_batches_of_a_flush_interval_is_written_once(
     fakes.log.clear()
     await service.detect.batch([first])
     await service.detect.batch([second])
-    assert ("write", "runs") not in fakes.log and not service.detect.flush_due()
+    assert ("write", "runs") not in fakes.log and not service.detect.checkpoint.due()
     assert len(service.topics["events"].sent) == 1  # outputs are not held back
-    assert service.detect.flush() == [first, second]  # acknowledged after the write
+    assert service.detect.checkpoint.flush() == [first, second]  # acknowledged after the write
     assert fakes.log.count(("write", "runs")) == 1
     assert fakes.log.index(("send", "events")) < fakes.log.index(("write", "runs"))
 
     per_batch = make(LOOPWATCH_STATE_FLUSH_MS="0")  # the same run, written after each batch
     for event in await two_parts_of_one_run(per_batch, 41):
         await per_batch.detect.batch([event])
-        assert per_batch.detect.flush_due()
-        per_batch.detect.flush()
+        assert per_batch.detect.checkpoint.due()
+        per_batch.detect.checkpoint.flush()
     assert fakes.log.count(("write", "runs")) == 1 + 2
     states = [
         {k: decode_envelope(v)[1] for k, v in s.tables.runs.items()} for s in (service, per_batch)
@@ -851,11 +851,11 @@ async def test_a_rebalance_drops_staged_state_and_never_acknowledges_its_records
     await service.detect.batch([first])
     service.revoked([])
     service.recovered({0, 1, 2, 3})
-    assert service.detect.flush() == []
+    assert service.detect.checkpoint.flush() == []
     assert len(service.tables.runs) == 0
     await service.detect.batch([first])  # redone from the committed offset
     await service.detect.batch([second])
-    assert service.detect.flush() == [first, second]
+    assert service.detect.checkpoint.flush() == [first, second]
     assert len(service.tables.runs) == 1
 
 
@@ -873,7 +873,7 @@ async def test_a_rebalance_while_a_batch_publishes_abandons_it_even_when_deliver
     monkeypatch.setattr(service.publisher, "deliver", rebalance_then_deliver)
     with pytest.raises(Abandoned):
         await service.detect.batch([first])
-    assert service.detect.staged == [] and service.driver.store.pending_runs == {}
+    assert service.detect.checkpoint.staged == [] and service.driver.store.pending_runs == {}
 
 
 async def test_the_agent_acknowledges_after_the_flush_and_a_stop_drops_what_is_staged(
@@ -992,9 +992,9 @@ async def test_a_failed_flush_of_staged_state_stops_the_worker_unacked(
     await service.detect.batch([first])
     await service.detect.batch([second])
     monkeypatch.setattr(FakeTable, "__setitem__", lambda self, k, v: 1 / 0)
-    service.detect.last_flush = 0.0  # due
+    service.detect.checkpoint.last_flush = 0.0  # due
     await service.detect.flush_if_due()
-    assert stops == [1] and stream.acked == [] and service.detect.failed
+    assert stops == [1] and stream.acked == [] and service.detect.checkpoint.failed
     sent = len(service.topics["events"].sent)
     agent = asyncio.ensure_future(service.detect.run(BatchStream([[first]]), 10, 0.01))
     for _ in range(20):

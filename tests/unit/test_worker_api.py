@@ -9,9 +9,8 @@ import json
 import pytest
 
 from streams.worker.agents.dead_letters import dead_letter_key, dead_letter_record
-from streams.worker.api.keys import (
+from streams.worker.api.answers import (
     BadRequest,
-    aggregate_key,
     check_bearer,
     merge_rows,
     parse_by,
@@ -19,6 +18,7 @@ from streams.worker.api.keys import (
     sum_windows,
 )
 from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
+from streams.worker.state.window_keys import aggregate_key
 
 
 @pytest.mark.parametrize(

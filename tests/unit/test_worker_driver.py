@@ -28,7 +28,7 @@ from streams.worker.agents.messages import (
     encode_steps,
     key_partition,
 )
-from streams.worker.api.keys import run_view
+from streams.worker.api.answers import run_view
 from streams.worker.state.store import Envelope, decode_envelope, decode_header, encode_envelope
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.spankit import Run, example_policy

@@ -1,21 +1,14 @@
 """The detect agent: per run, in the faust table ``runs``, the pure pipeline over its steps
-(`RunDriver`), then its events and summaries out, then its state.
+(`RunDriver`); then, in this order, its outputs out (publish.py) and counted (counting.py),
+its state written and its records acknowledged (checkpoint.py). A crash between them redoes
+records whose outputs may already be out (at least once), and the fired markers in a
+written state stop any re-emission after it.
 
 It takes messages in batches (``stream.take_events``) and applies each run's steps of a
-batch in arrival order. The batch's events and summaries are sent and acknowledged by the
-broker first; its state changes are then staged, and written to the tables (changelog and
-rocksdb) once per flush interval (``LOOPWATCH_STATE_FLUSH_MS``): a run touched by several
-batches of an interval is written once (Kafka Streams' record cache, quix-streams'
-``Checkpoint.commit``). The batches' records are acknowledged only after the flush that
-wrote their effects, so offsets are never committed past state that is not in the
-changelog. So: outputs, then state, then offsets; a crash between them redoes records whose
-outputs may already be out (at least once, as before), and the fired markers in a flushed
-state stop any re-emission after it.
-
-A rebalance (Publisher.generation) or a stop drops what is staged, unacknowledged: the
-records are processed again from their committed offsets by the partition's next owner, and an
-acknowledgement from before the rebalance never reaches faust (it would commit the new
-assignment past records whose state was dropped).
+batch in arrival order. A rebalance (Publisher.generation) or a stop drops what is staged,
+unacknowledged: the records are processed again from their committed offsets by the
+partition's next owner, and an acknowledgement from before the rebalance never reaches
+faust (it would commit the new assignment past records whose state was dropped).
 
 A tick (streams/worker/agents/timers.py) releases, finalizes and evicts the due runs of its
 partition, judged by the clock it was sent with. With keyed input detect reads the input
@@ -31,10 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from detectors.model import Step
+from streams.worker.agents.checkpoint import Checkpoint, StateWriteError
+from streams.worker.agents.counting import Counting
 from streams.worker.agents.dead_letters import DeadLetters
 from streams.worker.agents.deadline_clock import DeadlineClock
+from streams.worker.agents.decode import InputDecoder
 from streams.worker.agents.driver import Outputs, RunDriver
-from streams.worker.agents.ingest import InputReader
 from streams.worker.agents.messages import (
     TICK_VALUE_PREFIX,
     decode_run_groups,
@@ -42,10 +37,9 @@ from streams.worker.agents.messages import (
     key_text,
     sent_clock,
     tick_clock,
-    to_json,
 )
-from streams.worker.api.keys import aggregate_key
-from streams.worker.kafka.delivery import Abandoned, Outgoing, Publisher, Sent
+from streams.worker.agents.publish import publish
+from streams.worker.kafka.delivery import Abandoned, Publisher, Sent
 from streams.worker.kafka.skips import SkipGuard
 from streams.worker.state.store import Tables
 
@@ -54,21 +48,18 @@ log = logging.getLogger("loopwatch.worker")
 Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
 
 
-class StateWriteError(Exception):
-    """A table write failed (a full disk, an I/O error): the batch's state is not (all)
-    written, so the batch must not be acknowledged."""
-
-
 class Detect:
     def __init__(
         self,
         driver: RunDriver,
         tables: Tables,
-        reader: InputReader,
+        reader: InputDecoder,
         skips: SkipGuard,
         publisher: Publisher,
         dead_letters: DeadLetters,
         clock: DeadlineClock,
+        checkpoint: Checkpoint,
+        counting: Counting,
         events_topic: Any,
         runs_topic: Any,
         metrics: Any,
@@ -77,8 +68,6 @@ class Detect:
         keyed_input_topic: str | None,
         on_tick: Callable[[int], None],
         on_state_error: Callable[[str], None] = lambda error: None,
-        flush_seconds: float = 0.0,
-        flush_max_runs: int = 10_000,
     ) -> None:
         self.driver = driver
         self.tables = tables
@@ -87,6 +76,8 @@ class Detect:
         self.publisher = publisher
         self.dead_letters = dead_letters
         self.clock = clock
+        self.checkpoint = checkpoint
+        self.counting = counting
         self.events_topic = events_topic
         self.runs_topic = runs_topic
         self.metrics = metrics
@@ -94,15 +85,6 @@ class Detect:
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
         self.on_state_error = on_state_error  # the worker stops (exit status 3)
-        self.failed: str | None = None  # a table write failed: nothing more is done
-        self.flush_seconds = flush_seconds  # 0: every batch
-        self.flush_max_runs = flush_max_runs  # ... or when this many runs have staged writes
-        # staged: written and acknowledged by the next flush
-        self.staged: list[Any] = []  # events of the batches since the last flush
-        self.staged_refetched: list[Any] = []  # records read back for them
-        self.staged_events: dict[int, Any] = {}  # partition -> an event of it (table routing)
-        self.staged_generation = 0
-        self.last_flush = time.monotonic()
         self.lock = asyncio.Lock()  # a batch and a flush never interleave
         self.stream: Any = None
 
@@ -119,13 +101,13 @@ class Detect:
             for event in events:
                 event.message.incref()
             async with self.lock:
-                if self.failed is not None:
+                if self.checkpoint.failed is not None:
                     await self.halt()
                 try:
                     await self.batch(events)
                     self.counters["detect_batches"] += 1
-                    if self.flush_due():
-                        await self.ack(self.flush())
+                    if self.checkpoint.due():
+                        await self.ack(self.checkpoint.flush())
                 except Abandoned:
                     log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
                     continue  # unacked: processed again from the committed offsets
@@ -136,30 +118,22 @@ class Detect:
     def state_write_failed(self, exc: StateWriteError) -> None:
         """Nothing staged is acknowledged, and no later batch is processed: its acks would
         let faust commit past the failed one on the partitions they share."""
-        self.failed = str(exc)
-        self.on_state_error(self.failed)
+        self.checkpoint.failed = str(exc)
+        self.on_state_error(str(exc))
 
     async def halt(self) -> None:
         """After a failed table write: hold the agent (and its lock) until the stop."""
         await asyncio.get_running_loop().create_future()
-
-    def flush_due(self) -> bool:
-        if not self.staged:
-            return False
-        return (
-            time.monotonic() - self.last_flush >= self.flush_seconds
-            or len(self.driver.store.pending_runs) >= self.flush_max_runs
-        )
 
     async def flush_if_due(self) -> None:
         """From a timer: a quiet stream still gets its staged state written and its records
         acknowledged within about one flush interval."""
         if self.publisher.stopping():
             return  # (see `run`: a stop drops what is staged)
-        if self.stream is not None and not self.lock.locked() and self.flush_due():
+        if self.stream is not None and not self.lock.locked() and self.checkpoint.due():
             async with self.lock:
                 try:
-                    await self.ack(self.flush())
+                    await self.ack(self.checkpoint.flush())
                 except StateWriteError as exc:
                     self.state_write_failed(exc)  # the agent halts at its next batch
 
@@ -167,38 +141,13 @@ class Detect:
         for event in events:
             await self.stream.ack(event)
 
-    def flush(self) -> list[Any]:
-        """Write the staged state to the tables; returns the events now to acknowledge
-        (none when a rebalance since they were staged has dropped them)."""
-        events, refetched, routing = self.staged, self.staged_refetched, self.staged_events
-        self.staged, self.staged_refetched, self.staged_events = [], [], {}
-        self.last_flush = time.monotonic()
-        if self.staged_generation != self.publisher.generation:
-            self.driver.discard_writes()
-            return []
-        if self.failed is not None:
-            return []
-        tables = self.tables
-        by_name = {"runs": tables.runs, "finished": tables.finished}
-        try:
-            for table, partition, key, value in self.driver.take_writes():
-                with tables.in_event(routing[partition]):
-                    if value is None:
-                        by_name[table].pop(key, None)
-                    else:
-                        by_name[table][key] = value
-        except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
-            self.driver.discard_writes()
-            raise StateWriteError(f"{type(exc).__name__}: {exc}"[:300]) from exc
-        self.skips.ack_refetched(refetched)
-        return events
-
     async def batch(self, events: list[Any]) -> None:
         """Detection and outputs of `events`; their state changes are staged for `flush`.
         Raises Abandoned when a rebalance overtakes it (nothing staged then)."""
         generation = self.publisher.generation
-        if self.staged and self.staged_generation != generation:
-            self.flush()  # staged before a rebalance: dropped (nothing to acknowledge)
+        checkpoint = self.checkpoint
+        if checkpoint.staged and checkpoint.staged_generation != generation:
+            checkpoint.flush()  # staged before a rebalance: dropped (nothing to acknowledge)
         groups: Groups = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
         dead: list[Sent] = []  # dead letters: delivered before the batch acks
@@ -231,18 +180,15 @@ class Detect:
         outputs = await self._detect(groups, ticks, partition_event, dead)
         # outputs, acknowledged by the broker before the state that fired them
         try:
-            await self._publish(outputs, partition_event)
+            await publish(self.publisher, self.events_topic, self.runs_topic, outputs)
+            self.counting.count(outputs, partition_event)
             await self.publisher.deliver("detect", dead)
             if self.publisher.generation != generation:
                 raise Abandoned  # delivered, but the partitions were revoked meanwhile
         except BaseException:
-            self.driver.discard_writes()
-            self.staged, self.staged_refetched, self.staged_events = [], [], {}
+            checkpoint.drop()
             raise
-        self.staged += events
-        self.staged_refetched += refetched
-        self.staged_events.update(partition_event)
-        self.staged_generation = generation
+        checkpoint.stage(events, refetched, partition_event, generation)
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
@@ -335,64 +281,3 @@ class Detect:
             outputs.append((partition, out))
             partition_event[partition] = event
         return outputs
-
-    async def _publish(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
-        """Send the events and summaries, wait for the broker's acks (sending again what
-        failed), then count them."""
-        m = self.metrics
-        send = self.publisher.send
-        sent = []
-        for _, out in outputs:
-            for ev in out.events:
-                key = ev["run_id"].encode("utf-8")
-                sent.append(await send(Outgoing(self.events_topic, key, to_json(ev))))
-            for summary in out.summaries:
-                key = summary["run_id"].encode("utf-8")
-                sent.append(await send(Outgoing(self.runs_topic, key, to_json(summary))))
-        await self.publisher.deliver("detect", sent)
-        loops: dict[tuple[int, str], int] = {}
-        runs: dict[tuple[int, str], int] = {}
-
-        def count_loop(partition: int, ev: dict[str, Any], prompt_version: Any) -> None:
-            m.observe_event({**ev, "prompt_version": prompt_version})
-            labels = (ev["shape"], prompt_version, ev["tool_version"])
-            group = (partition, aggregate_key(labels, partition))
-            loops[group] = loops.get(group, 0) + 1
-
-        for partition, out in outputs:
-            for ev in out.events:
-                self.counters["events"] += 1
-                if not ev.get("labels_pending"):  # else with its run's summary, below
-                    count_loop(partition, ev, ev["prompt_version"])
-            for summary in out.summaries:
-                # loops that fired before the run's labels were known: the final slice
-                for deferred in summary.get("deferred_events", ()):
-                    count_loop(partition, deferred, summary["prompt_version"])
-                m.observe_run(summary)
-                labels = (
-                    summary["prompt_version"],
-                    summary["outcome"],
-                    summary["termination_reason"],
-                )
-                group = (partition, aggregate_key(labels, partition))
-                runs[group] = runs.get(group, 0) + 1
-                self.counters["runs_finished"] += 1
-            if out.duplicate_spans:
-                m.duplicate_spans.inc(out.duplicate_spans)
-            if out.late_spans:
-                m.late_spans.inc(out.late_spans)
-            if out.spans_after_finalize:
-                m.spans_after_finalize.inc(out.spans_after_finalize)
-            for _ in range(out.evicted):
-                m.run_evicted("capacity")
-        # windowed counters: one write per label group and partition, not per event / run
-        tables = self.tables
-        try:
-            for (partition, label_key), n in loops.items():
-                with tables.in_event(events_of[partition]):
-                    tables.loop_counts[label_key] += n
-            for (partition, label_key), n in runs.items():
-                with tables.in_event(events_of[partition]):
-                    tables.run_counts[label_key] += n
-        except Exception as exc:
-            raise StateWriteError(f"{type(exc).__name__}: {exc}"[:300]) from exc

@@ -14,11 +14,9 @@ import logging
 from typing import Any
 
 from detectors.model import Step
-from streams.errors import DecodeError
-from streams.spanpath import SpanPath
-from streams.spanpath.normalize import Normalizer
 from streams.worker.agents.dead_letters import DeadLetters
 from streams.worker.agents.deadline_clock import DeadlineClock
+from streams.worker.agents.decode import InputDecoder
 from streams.worker.agents.messages import (
     MAX_STEPS_MESSAGE_BYTES,
     encode_first_steps,
@@ -32,54 +30,10 @@ from streams.worker.kafka.skips import SkipGuard
 log = logging.getLogger("loopwatch.worker")
 
 
-class InputReader:
-    """Decode + normalize one input record (ingest, and detect on keyed input); an
-    undecodable one becomes a dead letter."""
-
-    def __init__(
-        self,
-        normalizer: Normalizer,
-        encoding: str,
-        dead_letters: DeadLetters,
-        metrics: Any,
-        counters: dict[str, int],
-    ) -> None:
-        self.normalizer = normalizer
-        self.encoding = encoding
-        self.dead_letters = dead_letters
-        self.metrics = metrics
-        self.counters = counters
-        self.span_path = SpanPath(normalizer)
-
-    async def decode(
-        self, message: Any, sent: list[Sent]
-    ) -> tuple[dict[str, list[Step]], int, int] | None:
-        """(steps by run, spans, invalid spans); None when it was dead-lettered (the dead
-        letter is added to `sent`)."""
-        source = f"{message.topic}/{message.partition}@{message.offset}"
-        try:
-            batch = self.span_path.message(message.value, self.encoding, source)
-        except DecodeError as exc:
-            self.metrics.decode_error("decode_error")
-            sent.append(await self.dead_letters.send(message, "decode_error", str(exc)))
-            return None
-        by_run, invalid, n_spans = batch.by_run, batch.invalid, batch.spans
-        if invalid:
-            self.metrics.decode_error("invalid_span")
-            log.warning("%s: %d span(s) could not be normalized and were skipped", source, invalid)
-        return by_run, n_spans, invalid
-
-    def count(self, topic: str, n_spans: int) -> None:
-        """One decoded input record (ingest, or keyed detect)."""
-        self.metrics.record_consumed(topic, spans=n_spans)
-        self.counters["records"] += 1
-        self.counters["spans"] += n_spans
-
-
 class Ingest:
     def __init__(
         self,
-        reader: InputReader,
+        reader: InputDecoder,
         skips: SkipGuard,
         publisher: Publisher,
         dead_letters: DeadLetters,

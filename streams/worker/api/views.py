@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streams.worker.api.keys import (
+from streams.worker.api.answers import (
     BadRequest,
     PeerError,
     check_bearer,

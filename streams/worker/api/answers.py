@@ -1,12 +1,12 @@
-"""The on-call API's pure parts: query parameters, the windowed count tables' keys and
-sums, the /runs/{run_id} view of a run's state, the bearer token check. The faust views
+"""The on-call API's answers, computed without faust: query parameters, the windowed count
+tables' sums, the /runs/{run_id} view of a run's state, the bearer token check. The faust views
 that serve them: streams/worker/api/views.py."""
 
 from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from alerts.events import event_id
@@ -14,6 +14,7 @@ from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN
 from streams.worker.api import params as api_params
 from streams.worker.api.params import DEFAULT_SINCE, LOOP_LABELS
 from streams.worker.state.store import decode_envelope
+from streams.worker.state.window_keys import iter_window_counts
 
 NS = 1_000_000_000
 
@@ -43,26 +44,6 @@ def parse_by(text: str | None) -> list[str]:
         return api_params.parse_by(text)
     except api_params.ParamError as exc:
         raise BadRequest(exc.named("by")) from None
-
-
-def aggregate_key(labels: Iterable[Any], partition: int) -> str:
-    """Windowed count table key: the labels plus the partition (each partition keeps its own
-    counter: a key updated from two partitions would otherwise collide in the store)."""
-    return json.dumps([*labels, partition], separators=(",", ":"))
-
-
-def iter_window_counts(items: Iterable[tuple[Any, Any]]) -> Iterator[tuple[list[Any], float, int]]:
-    """Raw windowed-table items -> (labels, window end, count). Keys are
-    (key, (start, end)) tuples (memory store) or their JSON lists (rocksdb)."""
-    for key, value in items:
-        try:
-            label_key, window = key
-            _start, end = window
-            labels = json.loads(label_key)[:-1]
-            count = int(value)
-        except (TypeError, ValueError):
-            continue
-        yield labels, float(end), count
 
 
 def sum_windows(

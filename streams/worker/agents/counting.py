@@ -1,0 +1,69 @@
+"""Counting what the detect agent published: the Prometheus metrics, the worker's counters,
+and the windowed count tables the on-call API sums (one write per label group and
+partition, not per event or run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streams.worker.agents.checkpoint import write_error
+from streams.worker.agents.driver import Outputs
+from streams.worker.state.store import Tables
+from streams.worker.state.window_keys import aggregate_key
+
+
+class Counting:
+    def __init__(self, metrics: Any, counters: dict[str, int], tables: Tables) -> None:
+        self.metrics = metrics
+        self.counters = counters
+        self.tables = tables
+
+    def count(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
+        """Count delivered `outputs`; `events_of[partition]` routes a partition's table
+        writes. Raises StateWriteError when a windowed counter cannot be written."""
+        m = self.metrics
+        loops: dict[tuple[int, str], int] = {}
+        runs: dict[tuple[int, str], int] = {}
+
+        def count_loop(partition: int, ev: dict[str, Any], prompt_version: Any) -> None:
+            m.observe_event({**ev, "prompt_version": prompt_version})
+            labels = (ev["shape"], prompt_version, ev["tool_version"])
+            group = (partition, aggregate_key(labels, partition))
+            loops[group] = loops.get(group, 0) + 1
+
+        for partition, out in outputs:
+            for ev in out.events:
+                self.counters["events"] += 1
+                if not ev.get("labels_pending"):  # else with its run's summary, below
+                    count_loop(partition, ev, ev["prompt_version"])
+            for summary in out.summaries:
+                # loops that fired before the run's labels were known: the final slice
+                for deferred in summary.get("deferred_events", ()):
+                    count_loop(partition, deferred, summary["prompt_version"])
+                m.observe_run(summary)
+                labels = (
+                    summary["prompt_version"],
+                    summary["outcome"],
+                    summary["termination_reason"],
+                )
+                group = (partition, aggregate_key(labels, partition))
+                runs[group] = runs.get(group, 0) + 1
+                self.counters["runs_finished"] += 1
+            if out.duplicate_spans:
+                m.duplicate_spans.inc(out.duplicate_spans)
+            if out.late_spans:
+                m.late_spans.inc(out.late_spans)
+            if out.spans_after_finalize:
+                m.spans_after_finalize.inc(out.spans_after_finalize)
+            for _ in range(out.evicted):
+                m.run_evicted("capacity")
+        tables = self.tables
+        try:
+            for (partition, label_key), n in loops.items():
+                with tables.in_event(events_of[partition]):
+                    tables.loop_counts[label_key] += n
+            for (partition, label_key), n in runs.items():
+                with tables.in_event(events_of[partition]):
+                    tables.run_counts[label_key] += n
+        except Exception as exc:
+            raise write_error(exc) from exc
