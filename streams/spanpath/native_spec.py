@@ -24,7 +24,8 @@ from detectors.model import STEP_FIELDS, Step
 from detectors.policy import Policy, ToolContract
 from detectors.recognition import Profile, Source
 from streams.spanpath import native
-from streams.spanpath.normalize import _OUT_OF_STEPS, TOOL_CALL_FINISH_REASONS
+from streams.spanpath.calls import OUT_OF_STEPS
+from streams.spanpath.normalize import TOOL_CALL_FINISH_REASONS
 from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
 
@@ -165,7 +166,7 @@ def spec(policy: Policy) -> str:
             [_pattern(p, "transient_message_patterns"), code]
             for p, code in policy.transient_message_patterns
         ],
-        "out_of_steps": _pattern(_OUT_OF_STEPS, "normalize"),
+        "out_of_steps": _pattern(OUT_OF_STEPS, "normalize"),
         "tool_call_finish_reasons": sorted(TOOL_CALL_FINISH_REASONS),
         "profiles": [_profile(p) for p in policy.profiles],
         "tools": {name: _contract(c) for name, c in policy.tools.items()},

@@ -1,0 +1,114 @@
+"""The tool calls a model turn requested and the steps a plan lists, in the spellings the
+frameworks use (OTel GenAI messages, OpenInference's flat attributes, call lists), and the
+fixed text an agent that ran out of steps ends with."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from detectors.recognition import Profile, SpanFacts
+from streams.spanpath.values import as_json
+
+
+def requested_calls(
+    attrs: dict[str, Any], v: dict[str, Any], profile: Profile, facts: SpanFacts
+) -> list[tuple[str, Any]]:
+    """The tool calls one model turn requested, in order."""
+    raw = v.get("output_messages")
+    if raw is not None:
+        return genai_message_calls(as_json(raw))
+    for source in profile.derived.get("requested_calls", ()):
+        if source.when is not None and not source.when(facts):
+            continue
+        key = source.attribute or ""
+        if source.format == "openinference_flat":
+            calls = flat_calls(attrs, key)
+        elif key in attrs:
+            value = as_json(attrs[key])
+            calls = (
+                genai_message_calls(value)
+                if source.format == "genai_messages"
+                else call_list(value)
+            )
+        else:
+            continue
+        if calls:
+            return calls
+    return []
+
+
+def genai_message_calls(messages: Any) -> list[tuple[str, Any]]:
+    """GenAI `gen_ai.output.messages`: [{"parts": [{"type": "tool_call", "name", "arguments"}]}]."""
+    calls: list[tuple[str, Any]] = []
+    if isinstance(messages, list):
+        for message in messages:
+            parts = message.get("parts") if isinstance(message, dict) else None
+            for part in parts if isinstance(parts, list) else ():
+                if isinstance(part, dict) and part.get("type") == "tool_call":
+                    calls.append((str(part.get("name")), as_json(part.get("arguments"))))
+    return calls
+
+
+def flat_calls(attrs: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """OpenInference flattens: <prefix>N.tool_call.function.{name,arguments}."""
+    calls: list[tuple[str, Any]] = []
+    index = 0
+    while True:
+        name = attrs.get(f"{prefix}{index}.tool_call.function.name")
+        if name is None:
+            return calls
+        args = attrs.get(f"{prefix}{index}.tool_call.function.arguments")
+        calls.append((str(name), as_json(args)))
+        index += 1
+
+
+_CALL_NAME_KEYS = ("toolName", "tool_name", "name", "function")
+_CALL_ARGS_KEYS = ("input", "args", "arguments", "parameters")
+
+
+def call_list(value: Any) -> list[tuple[str, Any]]:
+    """A JSON list of calls: [{"toolName"|"name"|"function": ..., "input"|"args"|...}]
+    (an OpenAI-style {"function": {"name", "arguments"}} entry too)."""
+    calls: list[tuple[str, Any]] = []
+    if not isinstance(value, list):
+        return calls
+    for item in value:
+        if not isinstance(item, dict):
+            continue
+        if isinstance(item.get("function"), dict):
+            item = item["function"]
+        name = next((item[k] for k in _CALL_NAME_KEYS if isinstance(item.get(k), str)), None)
+        if name is None:
+            continue
+        args = next((item[k] for k in _CALL_ARGS_KEYS if k in item), None)
+        calls.append((name, as_json(args)))
+    return calls
+
+
+def plan_calls(raw: Any) -> list[tuple[str, Any]]:
+    calls: list[tuple[str, Any]] = []
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict):
+                tool = item.get("tool") or item.get("name")
+                calls.append((str(tool), as_json(item.get("arguments", item.get("args")))))
+            else:
+                calls.append((str(item), None))
+    return calls
+
+
+OUT_OF_STEPS = re.compile(r"(?i)need more steps to process this request")
+
+
+def last_message_text(output: Any) -> str | None:
+    """The content of the last message of an OpenInference LangGraph output.value."""
+    if not isinstance(output, str) or '"messages"' not in output:
+        return None
+    doc = as_json(output)
+    messages = doc.get("messages") if isinstance(doc, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return None
+    data = messages[-1].get("data", messages[-1])
+    content = data.get("content") if isinstance(data, dict) else None
+    return content if isinstance(content, str) else None

@@ -1,0 +1,60 @@
+"""Why a run's root (or an agent span) stopped, as its profile's termination table maps it:
+a ``loop_guard`` event, an exception type, a status message pattern, a finish reason, or the
+fixed text of an agent that ran out of steps. None: the span did not say (the pipeline
+infers it at finalization)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from detectors.model import Step
+from detectors.recognition import Termination
+from streams.spanpath.calls import OUT_OF_STEPS, last_message_text
+from streams.spanpath.spans import SpanRecord
+
+
+def termination_reason(
+    step: Step,
+    span: SpanRecord,
+    error_type: Any,
+    table: Termination,
+    finish_reason: Callable[[], Any],
+) -> str | None:
+    """The stated reason; also sets `step.guard_ns` (the first loop guard event)."""
+    reason: str | None = None
+    for event in span.events:
+        if event.name == "loop_guard":
+            step.guard_ns = (
+                event.time_ns if step.guard_ns is None else min(step.guard_ns, event.time_ns)
+            )
+            reason = "loop_guard"
+    if reason is None:
+        types = [error_type] + [
+            e.attributes.get("exception.type") for e in span.events if e.name == "exception"
+        ]
+        for exc_type in types:
+            if exc_type is None:
+                continue
+            short = str(exc_type).rsplit(".", 1)[-1]
+            reason = table.exception_types.get(str(exc_type)) or table.exception_types.get(short)
+            if reason is not None:
+                break
+    if reason is None and span.status_message:
+        for pattern, mapped in table.message_patterns:
+            if pattern.search(span.status_message):
+                reason = mapped
+                break
+    if reason is None:
+        finish = finish_reason()
+        if isinstance(finish, list) and finish:
+            finish = finish[-1]
+        if finish is not None:
+            reason = table.finish_reasons.get(str(finish).lower())
+    if reason is None and step.is_root:
+        # langgraph.prebuilt.create_react_agent stops itself when remaining_steps runs out:
+        # no exception, root OK, the last AI message is a fixed text. Matched, never copied.
+        last = last_message_text(span.attributes.get("output.value"))
+        if last is not None and OUT_OF_STEPS.search(last):
+            reason = "turn_limit"
+    return reason

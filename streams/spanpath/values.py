@@ -1,0 +1,198 @@
+"""Values read from span attributes: JSON text parsed, counts, identifiers and short codes
+bounded, framework envelopes around tool arguments and results unwrapped. Nothing here keeps
+a value: the callers reduce them to digests (streams/spanpath/normalize.py)."""
+
+from __future__ import annotations
+
+import json
+import json.scanner
+import re
+import zlib
+from typing import Any
+
+MAX_CODE_LEN = 64
+_MISSING = object()
+
+
+def first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        value = attrs.get(key, _MISSING)
+        if value is not _MISSING and value is not None and value != "":
+            return value
+    return None
+
+
+def as_json(value: Any) -> Any:
+    """Parse a JSON string; other values (already structured, or not JSON) are returned as is."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in _JSON_STARTS or text in ("null", "true", "false"):
+            try:
+                return loads(text)
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
+                return value
+    return value
+
+
+_JSON_STARTS = frozenset('{["-0123456789')
+# The C scanner, when available (typeshed mistypes make_scanner's argument).
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def loads(text: str) -> Any:
+    """json.loads of a stripped string, without its per-call Python layers (hot path)."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("extra data after JSON")
+    return value
+
+
+def as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+MAX_COUNT = (1 << 63) - 1
+MAX_IDENT = 256
+_CODE_LIKE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_CODE_LEN}}}").fullmatch
+
+
+def as_count(value: Any) -> int:
+    """A token count: an integer in [0, 2**63); anything else (negative, huge, junk) is 0."""
+    n = as_int(value)
+    return n if n is not None and 0 <= n <= MAX_COUNT else 0
+
+
+def ident(value: Any) -> str:
+    """A name or id as text, at most MAX_IDENT characters (longer ones keep a checksum)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= MAX_IDENT:
+        return text
+    crc = zlib.crc32(text.encode("utf-8", "replace"))
+    return f"{text[: MAX_IDENT - 9]}~{crc:08x}"
+
+
+def short_code(value: Any) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    code = str(value).strip()
+    if not code:
+        return None
+    # Exception types arrive fully qualified: keep the class name only.
+    if "." in code and " " not in code:
+        code = code.rsplit(".", 1)[-1]
+    if not _CODE_LIKE(code):
+        return "error"  # a sentence is customer text, not a code: never copy it
+    return code.lower()
+
+
+_OLL_ENVELOPE_KEYS = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
+
+
+def unwrap_arguments(args: Any) -> Any:
+    # OpenLLMetry wraps tool inputs: {"input_str": "{'order_id': 'A12'}", "tags": [...],
+    # "metadata": {...}, "inputs": {"order_id": "A12"}, "kwargs": {"tool_call_id": ...}}.
+    if isinstance(args, dict) and args and set(args) <= _OLL_ENVELOPE_KEYS:
+        if "inputs" in args:
+            return as_json(args["inputs"])
+        if "input_str" in args:
+            return as_json(args["input_str"])
+    # OpenInference (LlamaIndex): {"kwargs": {...}} (and "args": [] when there are none).
+    if (
+        isinstance(args, dict)
+        and isinstance(args.get("kwargs"), dict)
+        and set(args) <= {"args", "kwargs"}
+        and not args.get("args")
+    ):
+        return args["kwargs"]
+    return args
+
+
+def unwrap_result(result: Any) -> tuple[Any, Any, str | None]:
+    """LangChain ToolMessage envelopes -> (the tool's own result as parsed, as sent, tool_call_id).
+
+    Returns (result, None, None) when the result is not such an envelope.
+
+    OpenInference: {"type": "tool", "data": {"content": "...", "tool_call_id": ...}}
+    OpenLLMetry:   {"output": {"lc": 1, "id": [..., "ToolMessage"], "kwargs": {"content": ...}},
+                    "kwargs": {...}}
+    LlamaIndex:    {"blocks": [...], "tool_name": ..., "raw_input": ..., "raw_output": ...}
+    """
+    if isinstance(result, dict) and "output" in result and set(result) <= {"output", "kwargs"}:
+        result = as_json(result["output"])
+    if not isinstance(result, dict):
+        return result, None, None
+    if "raw_output" in result and "tool_name" in result and "raw_input" in result:
+        # LlamaIndex ToolOutput: {"blocks"/"content", "tool_name", "raw_input", "raw_output"}
+        own = result["raw_output"]
+        return as_json(own), own if isinstance(own, str) else None, None
+    inner = None
+    if result.get("type") == "tool" and isinstance(result.get("data"), dict):
+        inner = result["data"]
+    elif result.get("lc") == 1 and isinstance(result.get("kwargs"), dict):
+        ident = result.get("id")
+        if isinstance(ident, list) and ident and ident[-1] == "ToolMessage":
+            inner = result["kwargs"]
+    if inner is None or "content" not in inner:
+        return result, None, None
+    call_id = inner.get("tool_call_id")
+    content = inner["content"]
+    return as_json(content), content, (str(call_id) if call_id else None)
+
+
+def apply_ops(value: Any, ops: tuple[str, ...]) -> Any:
+    for op in ops:
+        if isinstance(value, str):
+            if op == "trim":
+                value = value.strip()
+            elif op == "lowercase":
+                value = value.lower()
+            elif op == "collapse_whitespace":
+                value = " ".join(value.split())
+        elif op == "sort" and isinstance(value, list):
+            value = sorted(value, key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    return value
+
+
+_ENVELOPE_FIELDS = frozenset({"ok", "next", "cursor"})
+
+
+def is_empty(result: Any) -> bool:
+    """None, "", [], {} or an object whose payload fields (all but ok/next/cursor) are
+    all such: no results."""
+    if isinstance(result, dict):
+        if not result:
+            return True
+        payload = False
+        for key, value in result.items():
+            if key in _ENVELOPE_FIELDS:
+                continue
+            if not (value is None or value == "" or value == [] or value == {}):
+                return False
+            payload = True
+        return payload
+    return result is None or result == "" or result == []
+
+
+def str_or_none(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return ident(value)
