@@ -25,7 +25,8 @@ import pytest
 
 from detectors.fingerprint import Fingerprinter
 from detectors.model import TOOL
-from detectors.policy import BUILTIN_PROFILES, Policy, policy_from_mapping
+from detectors.policy import Policy, policy_from_mapping
+from detectors.policy_defaults import BUILTIN_PROFILES
 from streams.replay.engine import Engine
 from streams.replay.files import iter_payloads
 from streams.spanpath.normalize import Normalizer

@@ -32,12 +32,11 @@ from detectors.policy import (
     _PROGRESS_KEYS,
     _TOOL_KEYS,
     _TOP_KEYS,
-    DEFAULT_CONVENTIONS,
-    TERMINATION_REASONS,
     Policy,
     load_policy,
     policy_from_mapping,
 )
+from detectors.policy_defaults import DEFAULT_CONVENTIONS, TERMINATION_REASONS
 from detectors.state import RunState
 from streams.errors import DecodeError
 from streams.replay.engine import Engine
