@@ -17,7 +17,7 @@ help: ## list the targets
 
 # the compiled span path (native/): built when a Rust toolchain is there or can be installed,
 # else one line says what is missing and the pure-Python path is used (scripts/build-native.sh)
-NATIVE_SRC := $(wildcard native/src/*.rs) native/Cargo.toml native/Cargo.lock native/pyproject.toml
+NATIVE_SRC := $(wildcard native/src/*.rs native/src/*/*.rs) native/Cargo.toml native/Cargo.lock native/pyproject.toml
 .venv/.native: .venv/.installed $(NATIVE_SRC)
 	@scripts/build-native.sh
 

@@ -1,0 +1,104 @@
+//! Why a run's root or an agent span stopped (streams/spanpath/termination.py).
+
+use super::*;
+
+impl SpanPath {
+    pub(super) fn fill_termination(&self, py: Python<'_>, o: &mut Out, f: &Facts<'_, '_>) -> R<()> {
+        let span = f.span;
+        if o.kind == OTHER && !o.is_root {
+            return Ok(());
+        }
+        if o.kind == OTHER {
+            o.kind = AGENT;
+        }
+        o.name = match &o.agent_name {
+            Some(a) => a.clone(),
+            None => ident_text(span.name),
+        };
+        let p = f.profile;
+        let mut reason: Option<String> = None;
+        for e in &span.events {
+            if e.name == "loop_guard" {
+                o.guard_ns = Some(match o.guard_ns {
+                    None => e.time,
+                    Some(g) => g.min(e.time),
+                });
+                reason = Some("loop_guard".into());
+            }
+        }
+        if reason.is_none() {
+            let mut types: Vec<Option<&V<'_>>> = vec![f.view[F_ERROR_TYPE]];
+            for e in &span.events {
+                if e.name == "exception" {
+                    types.push(aget(&e.attrs, "exception.type"));
+                }
+            }
+            for t in types.into_iter().flatten() {
+                if t.is_none() {
+                    continue;
+                }
+                let text = py_str(py, t)?;
+                let short = text.rsplit('.').next().unwrap_or(&text);
+                reason = p
+                    .exception_types
+                    .get(text.as_ref())
+                    .or_else(|| p.exception_types.get(short))
+                    .cloned();
+                if reason.is_some() {
+                    break;
+                }
+            }
+        }
+        if reason.is_none() && !span.status_message.is_empty() {
+            for (pattern, mapped) in &p.message_patterns {
+                if self.search(py, pattern, span.status_message)? {
+                    reason = Some(mapped.clone());
+                    break;
+                }
+            }
+        }
+        if reason.is_none() {
+            let mut finish = self.field(py, F_FINISH_REASON, f, None)?;
+            if let Some(V::List(items)) = &finish {
+                if !items.is_empty() {
+                    finish = items.last().cloned();
+                }
+            }
+            if let Some(x) = &finish {
+                if !x.is_none() {
+                    let text = py_str(py, x)?;
+                    reason = p.finish_reasons.get(py_lower(py, &text)?.as_ref()).cloned();
+                }
+            }
+        }
+        if reason.is_none() && o.is_root {
+            if let Some(V::Str(out)) = aget(&span.attrs, "output.value") {
+                if out.contains("\"messages\"") {
+                    if let Some(last) = last_message_text(&as_json(&V::Str(out.clone()))?) {
+                        if self.search(py, &self.out_of_steps, &last)? {
+                            reason = Some("turn_limit".into());
+                        }
+                    }
+                }
+            }
+        }
+        o.termination = reason;
+        Ok(())
+    }
+}
+
+pub(super) fn last_message_text(doc: &V<'_>) -> Option<String> {
+    let messages = match doc.get("messages") {
+        Some(V::List(m)) if !m.is_empty() => m,
+        _ => return None,
+    };
+    let last = messages.last()?;
+    if !matches!(last, V::Dict(_)) {
+        return None;
+    }
+    let data = last.get("data").unwrap_or(last);
+    match data.get("content") {
+        Some(V::Str(s)) if matches!(data, V::Dict(_)) => Some(s.to_string()),
+        _ => None,
+    }
+}
