@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detectors.errors import LoopwatchError
+from streams.cli.render import Block, table, write
 from streams.worker.api import params as api_params
 
 __all__ = [
@@ -256,20 +257,6 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
-    """Aligned columns two spaces apart; columns in `right` are right-aligned."""
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        out = [
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(out).rstrip()
-
-    return [line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
-
-
 def _rows(doc: Any, what: str) -> list[dict[str, Any]]:
     rows = doc.get("rows") if isinstance(doc, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -277,7 +264,7 @@ def _rows(doc: Any, what: str) -> list[dict[str, Any]]:
     return rows
 
 
-def render_loops(doc: Any, by: Sequence[str], since: str) -> list[str]:
+def render_loops(doc: Any, by: Sequence[str], since: str) -> list[Block]:
     """GET /loops answer -> table lines, groups with most events first."""
     rows = _rows(doc, "loops")
     labels = doc.get("by") if isinstance(doc.get("by"), list) else list(by)
@@ -290,15 +277,16 @@ def render_loops(doc: Any, by: Sequence[str], since: str) -> list[str]:
     )
     cells = [[_cell(r.get(label)) for label in labels] + [_cell(r.get("events"))] for r in ordered]
     total = sum(_count(r.get("events")) for r in rows)
-    lines = table([*labels, "events"], cells, {len(labels)})
-    lines.append(f"{total:,} loop event{'s' if total != 1 else ''} in the last {since}")
-    return lines
+    return [
+        table([*labels, "events"], cells, {len(labels)}),
+        f"{total:,} loop event{'s' if total != 1 else ''} in the last {since}",
+    ]
 
 
 RUN_COLUMNS = ("prompt_version", "outcome", "termination_reason")
 
 
-def render_runs(doc: Any, since: str) -> list[str]:
+def render_runs(doc: Any, since: str) -> list[Block]:
     """GET /runs answer -> table lines, most runs first."""
     rows = _rows(doc, "runs")
     since = doc.get("since") if isinstance(doc.get("since"), str) else since
@@ -309,9 +297,10 @@ def render_runs(doc: Any, since: str) -> list[str]:
     )
     cells = [[_cell(r.get(c)) for c in RUN_COLUMNS] + [_cell(r.get("runs"))] for r in ordered]
     total = sum(_count(r.get("runs")) for r in rows)
-    lines = table([*RUN_COLUMNS, "runs"], cells, {len(RUN_COLUMNS)})
-    lines.append(f"{total:,} run{'s' if total != 1 else ''} finished in the last {since}")
-    return lines
+    return [
+        table([*RUN_COLUMNS, "runs"], cells, {len(RUN_COLUMNS)}),
+        f"{total:,} run{'s' if total != 1 else ''} finished in the last {since}",
+    ]
 
 
 def _columns(items: list[dict[str, Any]], preferred: Sequence[str]) -> list[str]:
@@ -326,19 +315,19 @@ def _columns(items: list[dict[str, Any]], preferred: Sequence[str]) -> list[str]
     return list(seen)
 
 
-def _item_table(items: list[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+def _item_table(items: list[dict[str, Any]], columns: Sequence[str]) -> Block:
     digests = {"action_fp", "outcome_digest", "fingerprint"}
     cells = [[(_digest if c in digests else _cell)(item.get(c)) for c in columns] for item in items]
     right = {i for i, c in enumerate(columns) if any(_is_number(item.get(c)) for item in items)}
-    return ["  " + line for line in table(list(columns), cells, right)]
+    return table(list(columns), cells, right, indent=2)
 
 
-def render_run(doc: Any) -> list[str]:
+def render_run(doc: Any) -> list[Block]:
     """GET /runs/ID answer -> a header block, the run state, its steps and its findings."""
     if not isinstance(doc, dict):
         raise LoopwatchError("unexpected answer from the on-call API for a run: not an object")
     finished = doc.get("finished")
-    lines = [
+    lines: list[Block] = [
         f"run       {_cell(doc.get('run_id'))}",
         f"status    {'finished' if finished else 'in progress'}",
     ]
@@ -352,11 +341,11 @@ def render_run(doc: Any) -> list[str]:
     steps.sort(key=lambda s: _count(s.get("position")))
     lines.append(f"steps ({len(steps)})")
     if steps:
-        lines.extend(_item_table(steps, STEP_COLUMNS))
+        lines.append(_item_table(steps, STEP_COLUMNS))
     findings = [f for f in doc.get("findings") or [] if isinstance(f, dict)]
     lines.append(f"findings ({len(findings)})")
     if findings:
-        lines.extend(_item_table(findings, _columns(findings, FINDING_COLUMNS)))
+        lines.append(_item_table(findings, _columns(findings, FINDING_COLUMNS)))
     return lines
 
 
@@ -413,5 +402,5 @@ def cmd_query(args: argparse.Namespace) -> int:
         lines = render_runs(doc, since)
     else:
         lines = render_run(doc)
-    sys.stdout.write("\n".join(lines) + "\n")
+    write(lines, sys.stdout)
     return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -15,37 +14,8 @@ from typing import IO, Any
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
 from streams.cli.common import config_path, open_output
+from streams.cli.render import Block, ReplayProgress, table, to_text
 from streams.runtime import tune_gc
-
-
-class Progress:
-    """A one-line progress display on a terminal; silent otherwise."""
-
-    def __init__(self, total_bytes: int, stream: IO[str]) -> None:
-        self.enabled = stream.isatty() and total_bytes > 1_000_000
-        self.stream = stream
-        self.total = total_bytes
-        self.started = time.monotonic()
-        self.last = 0.0
-
-    def update(self, done_bytes: int, spans: int, events: int, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self.last < 0.2:
-            return
-        self.last = now
-        fraction = min(1.0, done_bytes / self.total) if self.total else 1.0
-        bar = "#" * int(fraction * 30)
-        rate = spans / max(now - self.started, 1e-9)
-        self.stream.write(
-            f"\r[{bar:<30}] {fraction:6.1%}  {spans:,} spans  {rate:,.0f} spans/s  {events:,} events"
-        )
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
 
 
 def run_replay(
@@ -79,7 +49,7 @@ def run_replay(
         memory_mb=memory_mb if memory_mb is not None else memory_mb_from_env(),
     )
     files = expand_paths(paths, lambda exc: report(str(exc)))
-    progress = Progress(sum(f.stat().st_size for f in files), err)
+    progress = ReplayProgress(sum(f.stat().st_size for f in files), err)
 
     def on_decode_error(exc: Exception) -> None:
         replay.stats.decode_errors += 1
@@ -92,8 +62,7 @@ def run_replay(
         lambda done: progress.update(done, replay.stats.spans, replay.stats.events),
     )
     replay.close()
-    progress.update(progress.total, replay.stats.spans, replay.stats.events, force=True)
-    progress.done()
+    progress.done(replay.stats.spans, replay.stats.events)
     if replay.stats.spans_after_finalize:
         print(after_finalize_line(replay), file=err)
     return replay
@@ -134,19 +103,19 @@ def format_table(replay: Any) -> str:
         + ("  ".join(f"{k} {v:,}" for k, v in sorted(stats.runs_by_outcome.items())) or "-"),
         f"input order     out of time order by up to {_seconds(order.disorder_ns)}  {held}",
     ]
+    blocks: list[Block] = list(lines)
     for title, counter in (
         ("loops by shape", stats.loops_by_shape),
         ("loops by prompt_version", stats.loops_by_prompt),
         ("loops by tool", stats.loops_by_tool),
     ):
-        lines.append("")
-        lines.append(f"{title:<32} {'events':>8}")
-        lines.append("-" * 41)
-        if not counter:
-            lines.append("(none)")
-        for key, value in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"{key:<32} {value:>8,}")
-    return "\n".join(lines)
+        blocks.append("")
+        rows = [
+            [key, f"{value:,}"]
+            for key, value in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
+        blocks.append(table([title, "events"], rows, {1}) if rows else f"{title}: none")
+    return to_text(blocks)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
