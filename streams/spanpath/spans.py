@@ -1,4 +1,4 @@
-"""The decoded span: what streams/spanpath/otlp.py produces from OTLP bytes and what
+"""The decoded span: what streams/spanpath/otlp/ produces from OTLP bytes and what
 streams/spanpath/normalize.py maps to a detectors.model.Step. Plain Python values only."""
 
 from __future__ import annotations

@@ -91,6 +91,9 @@ variable                                  default                     meaning
                                                                       long a crashed worker keeps
                                                                       its partitions
 ``LOOPWATCH_LOG_LEVEL``                   ``warning``                 worker log level
+``LOOPWATCH_EVENT_LOOP``                  ``asyncio``                 ``uvloop``: run the worker on
+                                                                      uvloop (installed with
+                                                                      ``pip install uvloop``)
 ``LOOPWATCH_INPUT_CLOCK``                 ``true``                    unkeyed input: hold run
                                                                       deadlines until the group
                                                                       has processed the input
@@ -144,6 +147,7 @@ ENCODINGS = ("otlp_proto", "otlp_json")
 STORES = ("rocksdb://", "memory://")
 GROUPINGS = ("partition", "run")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EVENT_LOOPS = ("asyncio", "uvloop")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -185,6 +189,7 @@ class WorkerSettings:
     output_retention_hours: float = 168.0
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
+    event_loop: str = "asyncio"
     input_clock: bool = True
     input_clock_max_lag_seconds: float = 900.0
     rocksdb_write_buffer_mb: int = 4
@@ -294,6 +299,7 @@ class WorkerSettings:
                 "LOOPWATCH_SESSION_TIMEOUT_SECONDS", d.session_timeout_seconds, 6.0
             ),
             "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
+            "event_loop": reader.choice("LOOPWATCH_EVENT_LOOP", d.event_loop, EVENT_LOOPS),
             "input_clock": reader.flag("LOOPWATCH_INPUT_CLOCK", d.input_clock),
             "input_clock_max_lag_seconds": reader.number(
                 "LOOPWATCH_INPUT_CLOCK_MAX_LAG_SECONDS", d.input_clock_max_lag_seconds, 10.0

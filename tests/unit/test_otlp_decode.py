@@ -1,4 +1,4 @@
-"""Golden, malformed-input and fuzz tests for streams/spanpath/otlp.py.
+"""Golden, malformed-input and fuzz tests for streams/spanpath/otlp/.
 
 The golden export is produced by the real OpenTelemetry SDK (TracerProvider, fixed ids and
 times, the SDK's own OTLP encoder); JSON_FIXTURE is the same data written by hand the way
