@@ -331,13 +331,19 @@ class Metrics:
         shape = lim("shape", event.get("shape"))
         prompt_version = lim("prompt_version", event.get("prompt_version"))
         tool_name = lim("tool_name", event.get("tool_name"))
+        # The latest event's trace as an OpenMetrics exemplar: a dashboard's data link goes
+        # from the counter to that trace (Prometheus keeps it with exemplar storage on).
+        trace_id = event.get("trace_id")
+        exemplar = None  # (an exemplar's labels hold 128 characters at most)
+        if isinstance(trace_id, str) and 0 < len(trace_id) <= 64:
+            exemplar = {"trace_id": trace_id}
         self.loop_events.labels(
             shape=shape,
             severity=lim("severity", event.get("severity")),
             prompt_version=prompt_version,
             tool_name=tool_name,
             tool_version=lim("tool_version", event.get("tool_version")),
-        ).inc()
+        ).inc(exemplar=exemplar)
         self.wasted_steps.labels(
             shape=shape, prompt_version=prompt_version, tool_name=tool_name
         ).inc(_non_negative(event.get("wasted_steps")))

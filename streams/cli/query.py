@@ -331,6 +331,8 @@ def render_run(doc: Any) -> list[Block]:
         f"run       {_cell(doc.get('run_id'))}",
         f"status    {'finished' if finished else 'in progress'}",
     ]
+    if doc.get("trace_url"):
+        lines.append("trace     " + " ".join(str(doc["trace_url"]).split()))  # whole: a link
     state = doc.get("state")
     if isinstance(state, dict) and state:
         lines.append("state")

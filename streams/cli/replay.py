@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from alerts.trace_links import TraceLinks
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
 from streams.cli.common import config_path, open_output
@@ -47,6 +49,7 @@ def run_replay(
         on_summary,
         on_invalid=report,
         memory_mb=memory_mb if memory_mb is not None else memory_mb_from_env(),
+        links=TraceLinks.from_env(os.environ),
     )
     files = expand_paths(paths, lambda exc: report(str(exc)))
     progress = ReplayProgress(sum(f.stat().st_size for f in files), err)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alerts.trace_links import TraceLinks
 from detectors.errors import LoopwatchError
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step, step_values
@@ -134,6 +135,7 @@ class Replay:
         *,
         memory_mb: float = DEFAULT_MEMORY_MB,
         spill_dir: str | None = None,
+        links: TraceLinks | None = None,
     ) -> None:
         self.policy = policy
         self.span_path = SpanPath.of(policy, fingerprinter)
@@ -141,7 +143,7 @@ class Replay:
         self.stats = self.tally.stats
         self.order = Order()
         # each run comes whole, once: no finished runs to remember
-        self.loop = RunLoop(policy, MemoryStore(0), release_timer=False)
+        self.loop = RunLoop(policy, MemoryStore(0), release_timer=False, links=links)
         self.held: dict[str, list[Step]] = {}
         self.held_steps = 0
         self.max_held = max(1, int(memory_mb * 1024 * 1024 / STEP_BYTES))

@@ -27,6 +27,7 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 from alerts.events import build_event
+from alerts.trace_links import TraceLinks
 from detectors import pipeline
 from detectors.model import Finding, Step
 from detectors.policy import Policy
@@ -165,8 +166,10 @@ class RunLoop:
         *,
         release_timer: bool,
         tick_ns: int = NS,
+        links: TraceLinks | None = None,
     ) -> None:
         self.policy = policy
+        self.links = links  # LOOPWATCH_TRACE_URL: `trace_url` on events and summaries
         self.store = store
         self.release_timer = release_timer
         self.tick_ns = tick_ns
@@ -174,6 +177,10 @@ class RunLoop:
         self._lateness_ns = int(policy.allowed_lateness_seconds * NS)
         self._grace_ns = int(policy.finalize_grace_seconds * NS)
         self._idle_ns = int(policy.idle_timeout_seconds * NS)
+
+    def event_of(self, finding: Finding, state: RunState) -> dict[str, Any]:
+        event = labelled_event(finding, state, self.policy)
+        return event if self.links is None else self.links.event(event)
 
     def deadline_for(self, env: Envelope) -> Deadline:
         seen = env.seen_ns
@@ -235,7 +242,7 @@ class RunLoop:
             if sent_clock is not None and (env.candidate is None or env.candidate[0] == now_ns):
                 env.candidate = (now_ns, state.max_end_ns)
         for finding in findings:
-            sink.event(labelled_event(finding, state, policy))
+            sink.event(self.event_of(finding, state))
         sink.counted(state.duplicate_spans - before_dup, state.late_spans - before_late)
         env.partition, env.seen_ns = partition, now_ns
         env.refresh(state)
@@ -275,7 +282,7 @@ class RunLoop:
                 if env.candidate is None:
                     env.candidate = (env.seen_ns, state.max_end_ns)
             for finding in pipeline.release(policy, state, watermark):
-                sink.event(labelled_event(finding, state, policy))
+                sink.event(self.event_of(finding, state))
             env.refresh(state)
             self.store.save(run_id, env, state)
             nxt = self.deadline_for(env)
@@ -290,13 +297,13 @@ class RunLoop:
         policy = self.policy
         findings, summary = pipeline.finalize(policy, state)
         for finding in findings:
-            sink.event(labelled_event(finding, state, policy))
+            sink.event(self.event_of(finding, state))
         # the events that fired before the run's labels were known, for the drivers to
         # count under this summary's prompt_version (the run's final slice)
         summary["deferred_events"] = [
             dict(zip(DEFERRED_FIELDS, d, strict=True)) for d in state.deferred
         ]
-        sink.summary(summary)
+        sink.summary(summary if self.links is None else self.links.summary(summary))
         self.store.finish(run_id, partition, now_ns)
         self.index.remove(run_id)
 
@@ -327,7 +334,7 @@ class RunLoop:
         for step in pipeline.runtime_order(steps[:kept]):
             findings.extend(pipeline.ingest(policy, state, step))
         for finding in findings:
-            sink.event(labelled_event(finding, state, policy))
+            sink.event(self.event_of(finding, state))
         sink.counted(state.duplicate_spans, state.late_spans)
         self.finalize(run_id, 0, state, state.max_end_ns, sink)
         if kept < len(steps):

@@ -239,6 +239,7 @@ class LoopwatchService:
             run_counts_raw,
             s.api_token,
             worker.health,
+            s.trace_links,
         ).wire()
 
     def assigned_partitions(self) -> set[int]:

@@ -115,6 +115,7 @@ class Worker:
             max_active_runs=s.max_active_runs,
             tick_seconds=s.tick_seconds,
             cache_size=s.state_cache_size,
+            links=s.trace_links,
         )
         # Unkeyed input: deadlines wait for the group's progress through every input
         # partition (streams/worker/kafka/input_clock.py); keyed input keeps a trace on one partition.

@@ -91,6 +91,10 @@ variable                                  default                     meaning
                                                                       long a crashed worker keeps
                                                                       its partitions
 ``LOOPWATCH_LOG_LEVEL``                   ``warning``                 worker log level
+``LOOPWATCH_TRACE_URL``                   (none)                      link template for ``trace_url``
+                                                                      (``{trace_id}``, ``{span_id}``,
+                                                                      ``{run_id}``;
+                                                                      alerts/trace_links.py)
 ``LOOPWATCH_EVENT_LOOP``                  ``asyncio``                 ``uvloop``: run the worker on
                                                                       uvloop (installed with
                                                                       ``pip install uvloop``)
@@ -141,6 +145,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from alerts.trace_links import TraceLinks
 from detectors.errors import ConfigError
 
 ENCODINGS = ("otlp_proto", "otlp_json")
@@ -190,6 +195,7 @@ class WorkerSettings:
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
     event_loop: str = "asyncio"
+    trace_links: TraceLinks | None = None
     input_clock: bool = True
     input_clock_max_lag_seconds: float = 900.0
     rocksdb_write_buffer_mb: int = 4
@@ -300,6 +306,7 @@ class WorkerSettings:
             ),
             "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
             "event_loop": reader.choice("LOOPWATCH_EVENT_LOOP", d.event_loop, EVENT_LOOPS),
+            "trace_links": TraceLinks.parse(reader.text("LOOPWATCH_TRACE_URL", "")),
             "input_clock": reader.flag("LOOPWATCH_INPUT_CLOCK", d.input_clock),
             "input_clock_max_lag_seconds": reader.number(
                 "LOOPWATCH_INPUT_CLOCK_MAX_LAG_SECONDS", d.input_clock_max_lag_seconds, 10.0

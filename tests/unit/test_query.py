@@ -249,6 +249,16 @@ def test_run_detail(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     assert api.requests[0][0] == f"/runs/{RUN_ID}"
 
 
+def test_run_detail_shows_the_whole_trace_link(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "https://grafana.example/explore?left=" + "x" * 80 + "&trace=" + RUN_ID
+    api.routes[f"/runs/{RUN_ID}"] = (200, {**RUN, "trace_url": url})
+    rc, lines, _ = run(capsys, "run", RUN_ID)
+    assert rc == 0
+    assert lines[2] == f"trace     {url}"
+
+
 def test_run_id_is_quoted(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     api.routes["/runs/conv%2F7%20a"] = (200, {**RUN, "run_id": "conv/7 a", "finished": True})
     rc, lines, _ = run(capsys, "run", "conv/7 a")

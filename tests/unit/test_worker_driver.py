@@ -533,6 +533,11 @@ def test_run_view_shows_digests_only() -> None:
     fired = doc["findings"][0]
     assert fired["shape"] == "identical_repetition"
     assert fired["event_id"] == worker.events[0]["event_id"]
+    assert "trace_url" not in doc
+    from alerts.trace_links import TraceLinks
+
+    linked = run_view(run.trace_id, raw, False, TraceLinks("https://tempo.example/{trace_id}"))
+    assert linked["trace_url"] == f"https://tempo.example/{run.trace_id}"
     missing = run_view("nope", None, True)
     assert missing["found"] is False and missing["finished"] is True and missing["steps"] == []
     assert event_id  # imported for the id function the view uses
@@ -633,3 +638,25 @@ def test_a_lagging_partition_does_not_make_model_spans_late() -> None:
     worker.advance(60)
     assert worker.late == 0
     assert [e["shape"] for e in worker.events] == ["identical_repetition"]
+
+
+def test_the_worker_links_events_and_summaries_to_their_trace() -> None:
+    """LOOPWATCH_TRACE_URL reaches the worker's run loop (WorkerSettings.trace_links)."""
+    from alerts.trace_links import TraceLinks
+
+    links = TraceLinks.parse("https://jaeger.example/trace/{trace_id}?uiFind={span_id}")
+    worker = FakeWorker(
+        stream_policy(finalize_grace_seconds=2, idle_timeout_seconds=5), links=links
+    )
+    for path in example_files():
+        for m in file_messages(path):
+            worker.feed(m)
+            worker.advance(0.01)
+    worker.advance(10)
+    assert worker.events and worker.summaries
+    for event in worker.events:
+        assert event["trace_url"] == (
+            f"https://jaeger.example/trace/{event['trace_id']}?uiFind={event['trigger_span_id']}"
+        )
+    for summary in worker.summaries:
+        assert summary["trace_url"] == f"https://jaeger.example/trace/{summary['trace_id']}?uiFind="

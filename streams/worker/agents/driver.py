@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from alerts.trace_links import TraceLinks
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
@@ -71,10 +72,13 @@ class RunDriver:
         max_active_runs: int = 200_000,
         tick_seconds: float = 1.0,
         cache_size: int = 10_000,
+        links: TraceLinks | None = None,
     ) -> None:
         self.policy = policy
         self.store = TableStore(cache_size)
-        self.loop = RunLoop(policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS))
+        self.loop = RunLoop(
+            policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS), links=links
+        )
         self.max_active_runs = max_active_runs
         self.finished_ttl_ns = int(finished_ttl_seconds * NS)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from alerts.events import event_id
+from alerts.trace_links import TraceLinks
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
 from streams.worker.api import params as api_params
 from streams.worker.api.params import DEFAULT_SINCE, LOOP_LABELS
@@ -79,8 +80,10 @@ def merge_rows(
     return out
 
 
-def run_view(run_id: str, raw: bytes | None, finished: bool) -> dict[str, Any]:
-    """GET /runs/{run_id}: bounded state, digests only."""
+def run_view(
+    run_id: str, raw: bytes | None, finished: bool, links: TraceLinks | None = None
+) -> dict[str, Any]:
+    """GET /runs/{run_id}: bounded state, digests only; `trace_url` with LOOPWATCH_TRACE_URL."""
     if raw is None:
         return {
             "run_id": run_id,
@@ -95,7 +98,7 @@ def run_view(run_id: str, raw: bytes | None, finished: bool) -> dict[str, Any]:
     for marker in state.fired:
         shape, _, key = marker.partition("|")
         findings.append({"shape": shape, "episode": key, "event_id": event_id(run_id, shape, key)})
-    return {
+    doc: dict[str, Any] = {
         "run_id": run_id,
         "found": True,
         "finished": finished,
@@ -126,6 +129,9 @@ def run_view(run_id: str, raw: bytes | None, finished: bool) -> dict[str, Any]:
         ],
         "findings": findings,
     }
+    if links is not None:
+        doc["trace_url"] = links.url(state.trace_id, None, run_id)
+    return doc
 
 
 def check_bearer(header: str | None, token: str | None) -> bool:

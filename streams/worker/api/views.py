@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from alerts.trace_links import TraceLinks
 from streams.worker.api.answers import (
     BadRequest,
     PeerError,
@@ -36,6 +37,7 @@ class Views:
         run_counts: Any,
         api_token: str | None,
         health: Callable[[], dict[str, Any]],
+        links: TraceLinks | None = None,
     ) -> None:
         self.app = app
         self.runs = runs
@@ -44,6 +46,7 @@ class Views:
         self.run_counts = run_counts
         self.api_token = api_token
         self.health = health
+        self.links = links
 
     def wire(self) -> None:
         app = self.app
@@ -70,7 +73,7 @@ class Views:
             key = run_id.encode("utf-8")
             raw = views.runs.get(key)
             finished = views.finished.get(key) is not None
-            return view.json(run_view(run_id, raw, finished))
+            return view.json(run_view(run_id, raw, finished, views.links))
 
         routed_run = app.table_route(table=self.runs, match_info="run_id")(local_run)
 
