@@ -264,11 +264,19 @@ def _rows(doc: Any, what: str) -> list[dict[str, Any]]:
     return rows
 
 
+def covered(doc: Any, asked: str) -> str:
+    """The window an answer really covers, and why when it is less than was asked."""
+    covers, kept = doc.get("covers"), doc.get("kept")
+    if isinstance(covers, str) and covers != asked and isinstance(kept, str):
+        return f"{covers} (asked for {asked}; the counters keep {kept})"
+    return asked
+
+
 def render_loops(doc: Any, by: Sequence[str], since: str) -> list[Block]:
     """GET /loops answer -> table lines, groups with most events first."""
     rows = _rows(doc, "loops")
     labels = doc.get("by") if isinstance(doc.get("by"), list) else list(by)
-    since = doc.get("since") if isinstance(doc.get("since"), str) else since
+    since = covered(doc, since)
     if not rows:
         return [f"no loop events in the last {since}"]
     ordered = sorted(
@@ -289,7 +297,7 @@ RUN_COLUMNS = ("prompt_version", "outcome", "termination_reason")
 def render_runs(doc: Any, since: str) -> list[Block]:
     """GET /runs answer -> table lines, most runs first."""
     rows = _rows(doc, "runs")
-    since = doc.get("since") if isinstance(doc.get("since"), str) else since
+    since = covered(doc, since)
     if not rows:
         return [f"no finished runs in the last {since}"]
     ordered = sorted(

@@ -362,8 +362,12 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     assert status == 200 and doc["since"] == "30m"
     assert all(set(r) == {"prompt_version", "shape", "events"} for r in doc["rows"])
 
+    status, doc = worker.api("/loops?by=shape&since=7d", token=TOKEN)
+    assert (status, doc["since"], doc["covers"], doc["kept"]) == (200, "7d", "24h", "24h")
+    assert sum(r["events"] for r in doc["rows"]) == len(corpus.events) + 1
+
     status, doc = worker.api("/runs?since=2h", token=TOKEN)
-    assert status == 200 and doc["since"] == "2h"
+    assert status == 200 and doc["since"] == "2h" and doc["covers"] == "2h"
     assert sum(r["runs"] for r in doc["rows"]) == len(corpus.runs)
     outcomes = Counter(o for _r, o in corpus.runs)
     got = Counter()

@@ -9,7 +9,7 @@ import pytest
 
 from detectors.errors import LoopwatchError
 from streams.cli import query
-from streams.worker.api import keys as api
+from streams.worker.api import answers as api
 
 BAD_SINCE = ["5x", "0h", "0", "1.5h", "h", "-1h", "1w", "400d", "367d", "", "abc", "1h ago"]
 GOOD_SINCE = [

@@ -201,6 +201,27 @@ def test_loops_by_and_since_are_sent(api: Api, capsys: pytest.CaptureFixture[str
     assert api.requests[0][1] == {"by": ["tool_version"], "since": ["7d"]}
 
 
+def test_a_window_longer_than_the_counters_keep_says_so(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes["/loops"] = (
+        200,
+        {
+            "by": ["shape"],
+            "since": "7d",
+            "covers": "24h",
+            "kept": "24h",
+            "rows": [{"shape": "retry_storm", "events": 4}],
+        },
+    )
+    rc, lines, _ = run(capsys, "loops", "--by", "shape", "--since", "7d")
+    assert rc == 0
+    assert lines[-1] == "4 loop events in the last 24h (asked for 7d; the counters keep 24h)"
+    api.routes["/runs"] = (200, {"since": "7d", "covers": "24h", "kept": "24h", "rows": []})
+    rc, lines, _ = run(capsys, "runs", "--since", "7d")
+    assert lines == ["no finished runs in the last 24h (asked for 7d; the counters keep 24h)"]
+
+
 def test_loops_empty(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     api.routes["/loops"] = (200, {"by": ["shape"], "since": "30m", "rows": []})
     rc, lines, _ = run(capsys, "loops", "--by", "shape", "--since", "30m")

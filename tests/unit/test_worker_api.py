@@ -176,3 +176,25 @@ def test_dead_letter_key_keeps_trace_ids_and_digests_anything_else() -> None:
         != b"0AF7651916CD43DD8448EB211C80319C"
     )
     assert dead_letter_key(secret, capture_payload=True) == secret  # the operator opted in
+
+
+def test_an_answer_says_the_window_it_covers() -> None:
+    from streams.worker.api.answers import window
+
+    day = 86400
+    assert window("1h", 3600, day) == ({"since": "1h", "covers": "1h", "kept": "24h"}, 3600)
+    assert window("7d", 7 * day, day) == ({"since": "7d", "covers": "24h", "kept": "24h"}, day)
+    assert window("86400", day, day)[0]["covers"] == "86400"  # as asked: all of it
+
+
+def test_durations_read_as_people_write_them() -> None:
+    from streams.worker.api.params import duration_text
+
+    assert [duration_text(s) for s in (86400, 7 * 86400, 3600, 5400, 90, 61)] == [
+        "24h",
+        "7d",
+        "1h",
+        "90m",
+        "90s",
+        "61s",
+    ]

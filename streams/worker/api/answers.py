@@ -37,6 +37,18 @@ def parse_since(text: str | None) -> tuple[str, int]:
         raise BadRequest(exc.named("since")) from None
 
 
+def window(since: str, seconds: int, kept_seconds: int) -> tuple[dict[str, str], int]:
+    """What an answer covers: the window asked for, or what the counters keep when that is
+    shorter (said in the answer, never silently less) -> (its fields, seconds to sum)."""
+    covers = min(seconds, kept_seconds)
+    fields = {
+        "since": since,
+        "covers": since if covers == seconds else api_params.duration_text(covers),
+        "kept": api_params.duration_text(kept_seconds),
+    }
+    return fields, covers
+
+
 def parse_by(text: str | None) -> list[str]:
     """`by=` (streams/worker/api/params.py; default every label of /loops)."""
     if text is None:

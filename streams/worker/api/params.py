@@ -40,6 +40,16 @@ def parse_since(text: str) -> tuple[str, int]:
     return f"{int(m.group(1))}{m.group(2)}", seconds
 
 
+def duration_text(seconds: int) -> str:
+    """Seconds as the shortest exact duration: 86400 -> '24h', 604800 -> '7d'."""
+    if seconds % 86400 == 0 and seconds >= 2 * 86400:
+        return f"{seconds // 86400}d"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def parse_by(text: str, labels: tuple[str, ...] = LOOP_LABELS) -> list[str]:
     """Comma-separated group-by labels, each one of `labels`, none twice."""
     parts = [part.strip() for part in text.split(",")]

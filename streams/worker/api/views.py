@@ -20,8 +20,10 @@ from streams.worker.api.answers import (
     parse_since,
     run_view,
     sum_windows,
+    window,
 )
 from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
+from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS
 
 
 class Views:
@@ -92,6 +94,7 @@ class Views:
                 since, seconds = parse_since(request.query.get("since"))
             except BadRequest as exc:
                 return view.json({"error": str(exc)}, status=400)
+            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
             rows = sum_windows(
                 views.loop_counts.items(), LOOP_LABELS, by, seconds, time.time(), "events"
             )
@@ -99,7 +102,7 @@ class Views:
                 rows = await views.gather_peers(request, rows, by, "events")
             except PeerError as exc:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return view.json({"by": by, "since": since, "rows": rows})
+            return view.json({"by": by, **covered, "rows": rows})
 
         async def runs_page(view: Any, request: Any) -> Any:
             if (resp := denied(view, request)) is not None:
@@ -109,6 +112,7 @@ class Views:
             except BadRequest as exc:
                 return view.json({"error": str(exc)}, status=400)
             by = list(RUN_LABELS)
+            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
             rows = sum_windows(
                 views.run_counts.items(), RUN_LABELS, by, seconds, time.time(), "runs"
             )
@@ -116,7 +120,7 @@ class Views:
                 rows = await views.gather_peers(request, rows, by, "runs")
             except PeerError as exc:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return view.json({"since": since, "rows": rows})
+            return view.json({**covered, "rows": rows})
 
         app.page("/healthz")(healthz)
         app.page("/readyz")(healthz)
