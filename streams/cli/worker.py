@@ -16,7 +16,6 @@ Any problem before the worker runs is one clear line on stderr and exit status 2
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 import os
@@ -43,24 +42,11 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def use_event_loop(name: str) -> None:
-    """Before anything makes a loop: faust and mode take the policy's loop."""
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            raise LoopwatchError(
-                "LOOPWATCH_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)"
-            ) from None
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     from streams.worker.kafka.topics import ensure_topics
     from streams.worker.settings import WorkerSettings
 
     settings = WorkerSettings.from_env()
-    use_event_loop(settings.event_loop)
     config = getattr(args, "config", None) or os.environ.get("LOOPWATCH_CONFIG") or None
     policy = load_policy(config)
     if settings.input_keyed_by_run and policy.run_key != "trace":

@@ -95,9 +95,6 @@ variable                                  default                     meaning
                                                                       (``{trace_id}``, ``{span_id}``,
                                                                       ``{run_id}``;
                                                                       alerts/trace_links.py)
-``LOOPWATCH_EVENT_LOOP``                  ``asyncio``                 ``uvloop``: run the worker on
-                                                                      uvloop (installed with
-                                                                      ``pip install uvloop``)
 ``LOOPWATCH_INPUT_CLOCK``                 ``true``                    unkeyed input: hold run
                                                                       deadlines until the group
                                                                       has processed the input
@@ -152,7 +149,6 @@ ENCODINGS = ("otlp_proto", "otlp_json")
 STORES = ("rocksdb://", "memory://")
 GROUPINGS = ("partition", "run")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-EVENT_LOOPS = ("asyncio", "uvloop")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -194,7 +190,6 @@ class WorkerSettings:
     output_retention_hours: float = 168.0
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
-    event_loop: str = "asyncio"
     trace_links: TraceLinks | None = None
     input_clock: bool = True
     input_clock_max_lag_seconds: float = 900.0
@@ -305,7 +300,6 @@ class WorkerSettings:
                 "LOOPWATCH_SESSION_TIMEOUT_SECONDS", d.session_timeout_seconds, 6.0
             ),
             "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
-            "event_loop": reader.choice("LOOPWATCH_EVENT_LOOP", d.event_loop, EVENT_LOOPS),
             "trace_links": TraceLinks.parse(reader.text("LOOPWATCH_TRACE_URL", "")),
             "input_clock": reader.flag("LOOPWATCH_INPUT_CLOCK", d.input_clock),
             "input_clock_max_lag_seconds": reader.number(
