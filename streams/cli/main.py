@@ -43,8 +43,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="pass although spans came after their run ended (a gap past the policy's "
         "finalize_grace_seconds / idle_timeout_seconds) and were not scored",
     )
+    p.add_argument(
+        "--baseline",
+        nargs="+",
+        metavar="BASELINE_PATH",
+        help="canary: compare the candidate (the paths after --) with these runs; fail when "
+        "the candidate loops significantly more or has a duplicate side effect",
+    )
+    p.add_argument(
+        "--alpha", type=_fraction, default=0.05, help="significance level (default 0.05)"
+    )
+    p.add_argument(
+        "--min-runs",
+        type=_positive_int,
+        default=30,
+        help="finished runs a side needs before a verdict (default 30)",
+    )
+    p.add_argument(
+        "--fail-on-too-few",
+        action="store_true",
+        help="fail when a side has fewer than --min-runs runs (default: say so and pass)",
+    )
+    p.add_argument("--json", action="store_true", help="the comparison as JSON on stdout")
     _memory_option(p)
-    p.add_argument("paths", nargs="+")
+    p.add_argument("paths", nargs="+", metavar="PATH")
     p.set_defaults(func=_lazy("streams.cli.replay", "cmd_gate"))
 
     p = sub.add_parser(
@@ -113,6 +135,22 @@ def _positive_mb(text: str) -> float:
         return parse_memory_mb(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number between 0 and 1")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return int(text)
 
 
 def _memory_option(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from alerts.trace_links import TraceLinks
+from detectors.compare import TOO_FEW, WORSE, Row, Side, compare
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
 from streams.cli.common import config_path, open_output
@@ -146,26 +147,44 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_gate(args: argparse.Namespace) -> int:
-    tune_gc()
+def shape_limits(items: list[str] | None) -> dict[str, int]:
+    from alerts.events import SHAPES
+
     limits: dict[str, int] = {}
-    for item in args.max_shape or []:
+    for item in items or []:
         shape, _, value = item.partition("=")
         if not shape or not value.isdigit():
             raise LoopwatchError(
                 f"--max-shape {item!r}: expected SHAPE=N, e.g. duplicate_side_effect=0"
             )
         limits[shape] = int(value)
-    from alerts.events import SHAPES
-
     unknown = [s for s in limits if s not in SHAPES]
     if unknown:
         raise LoopwatchError(
             f"--max-shape: unknown shape {unknown[0]!r}; shapes: {', '.join(SHAPES)}"
         )
-    replay = run_replay(args.paths, args.config, lambda e: None, None, sys.stderr, args.memory_mb)
+    return limits
+
+
+def replay_side(paths: Sequence[str], args: argparse.Namespace) -> tuple[Any, Side]:
+    """Replay `paths`; its stats and the runs as a comparison side."""
+    side = Side()
+    replay = run_replay(
+        paths,
+        args.config,
+        side.add_event,
+        lambda summary: side.add_run(summary.get("shapes") or ()),
+        sys.stderr,
+        args.memory_mb,
+    )
+    return replay, side
+
+
+def limit_breaches(
+    replay: Any, limits: dict[str, int], args: argparse.Namespace, out: IO[str]
+) -> list[str]:
+    """The fixed limits (--max-loop-rate, --max-shape) and what was not scored."""
     stats = replay.stats
-    print(format_table(replay))
     breaches = []
     rate = stats.looping_runs / stats.runs_finished if stats.runs_finished else 0.0
     if args.max_loop_rate is not None and rate > args.max_loop_rate:
@@ -177,7 +196,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
         stats.runs_by_outcome["incomplete_trace"] + stats.runs_by_outcome["integrity_error"]
     )
     if incomplete:
-        print(f"note: {incomplete} run(s) incomplete or integrity-failed: not scored as clean")
+        print(
+            f"note: {incomplete} run(s) incomplete or integrity-failed: not scored as clean",
+            file=out,
+        )
     if stats.runs_finished == 0:
         breaches.append("no runs in the input: nothing was scored")
     if stats.spans_after_finalize and not args.allow_after_finalize:
@@ -185,8 +207,139 @@ def cmd_gate(args: argparse.Namespace) -> int:
             f"{stats.spans_after_finalize} spans came after their run ended and were not "
             "scored (see the line above; --allow-after-finalize accepts that)"
         )
+    return breaches
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    tune_gc()
+    limits = shape_limits(args.max_shape)
+    if args.baseline:
+        from streams.replay.files import expand_paths
+
+        def same(paths: Sequence[str]) -> set[Path]:
+            return {f.resolve() for f in expand_paths(paths, lambda exc: None)}
+
+        if same(args.baseline) == same(args.paths):
+            raise LoopwatchError(
+                "--baseline and the candidate are the same files: nothing to compare"
+            )
+    replay, candidate = replay_side(args.paths, args)
+    notes = sys.stderr if args.json else sys.stdout
+    breaches = limit_breaches(replay, limits, args, notes)
+    document: dict[str, Any] = {}
+    if args.baseline:
+        base_replay, baseline = replay_side(args.baseline, args)
+        if base_replay.stats.runs_finished == 0:
+            raise LoopwatchError(
+                f"--baseline {' '.join(args.baseline)}: no runs: nothing to compare with"
+            )
+        rows = compare(baseline, candidate, alpha=args.alpha, min_runs=args.min_runs)
+        breaches += comparison_breaches(rows, candidate, args.fail_on_too_few)
+        document = comparison_document(rows, baseline, candidate, args)
+        if not args.json:
+            print(to_text(comparison_blocks(rows, baseline, candidate, args)))
+    elif not args.json:
+        print(format_table(replay))
+    if args.json:
+        document.update(passed=not breaches, failures=breaches)
+        print(json.dumps(document, indent=2))
+        return 1 if breaches else 0
     for breach in breaches:
         print(f"gate: FAIL {breach}")
     if not breaches:
         print("gate: PASS")
     return 1 if breaches else 0
+
+
+def comparison_breaches(rows: list[Row], candidate: Side, fail_on_too_few: bool) -> list[str]:
+    out = []
+    for row in rows:
+        if row.verdict == WORSE:
+            out.append(
+                f"the candidate loops more: {row.shape} {row.candidate[0]}/{row.candidate[1]} "
+                f"runs against {row.baseline[0]}/{row.baseline[1]} (p={row.p_value:.2g})"
+            )
+    if candidate.duplicate_side_effects:
+        out.append(f"the candidate has {candidate.duplicate_side_effects} duplicate side effect(s)")
+    if fail_on_too_few and rows[0].verdict == TOO_FEW:
+        out.append(
+            f"not enough runs to tell (--fail-on-too-few): {rows[0].baseline[1]} and {rows[0].candidate[1]}"
+        )
+    return out
+
+
+def _rate(k: int, n: int, interval: tuple[float, float]) -> str:
+    rate = k / n if n else 0.0
+    return f"{k}/{n} {rate:.1%} [{interval[0]:.1%}-{interval[1]:.1%}]"
+
+
+def _per_run(total: int, runs: int) -> str:
+    return f"{total / runs:,.2f}" if runs else "-"
+
+
+def comparison_blocks(
+    rows: list[Row], baseline: Side, candidate: Side, args: argparse.Namespace
+) -> list[Block]:
+    cells = []
+    for row in rows:
+        verdict = row.verdict
+        if row.runs_needed is not None:
+            verdict += f" (a difference this size needs about {row.runs_needed:,} runs a side)"
+        cells.append(
+            [
+                row.shape,
+                _rate(*row.baseline, row.baseline_interval),
+                _rate(*row.candidate, row.candidate_interval),
+                "-" if row.ratio is None else f"x{row.ratio:.2f}",
+                f"{row.p_value:.2g}",
+                verdict,
+            ]
+        )
+    headers = ["shape", "baseline looping runs", "candidate looping runs", "ratio", "p", "verdict"]
+    costs = [
+        [
+            "wasted steps per run",
+            _per_run(baseline.wasted_steps, baseline.runs),
+            _per_run(candidate.wasted_steps, candidate.runs),
+        ],
+        [
+            "wasted tokens per run",
+            _per_run(baseline.wasted_tokens, baseline.runs),
+            _per_run(candidate.wasted_tokens, candidate.runs),
+        ],
+        [
+            "duplicate side effects",
+            str(baseline.duplicate_side_effects),
+            str(candidate.duplicate_side_effects),
+        ],
+    ]
+    return [
+        table(headers, cells, {3, 4}),
+        "",
+        table(["cost", "baseline", "candidate"], costs, {1, 2}),
+        "",
+        f"Fisher's exact test (two-sided) at alpha {args.alpha:g}; rates with 95% Wilson "
+        f"intervals; a verdict needs {args.min_runs} finished runs a side",
+    ]
+
+
+def comparison_document(
+    rows: list[Row], baseline: Side, candidate: Side, args: argparse.Namespace
+) -> dict[str, Any]:
+    def side(s: Side) -> dict[str, Any]:
+        return {
+            "runs": s.runs,
+            "looping": s.looping,
+            "wasted_steps": s.wasted_steps,
+            "wasted_tokens": s.wasted_tokens,
+            "duplicate_side_effects": s.duplicate_side_effects,
+        }
+
+    return {
+        "test": "fisher_exact_two_sided",
+        "alpha": args.alpha,
+        "min_runs": args.min_runs,
+        "baseline": side(baseline),
+        "candidate": side(candidate),
+        "rows": [row.as_dict() for row in rows],
+    }
