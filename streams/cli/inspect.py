@@ -16,9 +16,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
 from detectors.errors import LoopwatchError
 from detectors.model import OTHER, Step
 from detectors.policy import Policy, load_policy
+from detectors.profile_suggest import Observed, observe, profile_name, suggest
 from streams.spanpath.normalize import STEP_ERRORS, Normalizer
 from streams.spanpath.spans import SpanRecord
 
@@ -65,6 +68,7 @@ class Inspection:
         self.unrecognized: Counter[tuple[str, str, tuple[str, ...]]] = Counter()
         self.invalid: list[str] = []
         self.spans = 0
+        self.observed: dict[tuple[str, str], Observed] = {}  # for --suggest-profile
 
     def add(self, spans: Iterable[SpanRecord]) -> None:
         for span in spans:
@@ -79,6 +83,14 @@ class Inspection:
             if step.kind == OTHER:
                 keys = tuple(sorted(span.attributes))
                 self.unrecognized[(span.scope_name, span.name, keys)] += 1
+                if not step.is_root:  # the root is the run's agent span: generic reads it
+                    observe(
+                        self.observed,
+                        span.scope_name,
+                        span.name,
+                        span.attributes,
+                        self.policy.tools,
+                    )
 
     def write_text(self, out: IO[str]) -> None:
         for run_id, rows in self.runs.items():
@@ -124,6 +136,35 @@ class Inspection:
             for line in self.invalid[:MAX_UNRECOGNIZED_ROWS]:
                 print(f"  {line}", file=out)
 
+    def write_suggestion(self, out: IO[str], paths: list[str]) -> int:
+        """0: a profile written (or every span recognized); 1: nothing could be read off
+        the unrecognized spans (said in one line)."""
+        body = suggest(self.observed.values(), self.policy.tools)
+        unrecognized = sum(o.spans for o in self.observed.values())
+        if body is None:
+            if not unrecognized:
+                print(
+                    f"loopwatch: nothing to suggest: every one of {self.spans} spans was "
+                    "recognized (or is a run's root)",
+                    file=sys.stderr,
+                )
+                return 0
+            print(
+                f"loopwatch: nothing to suggest from {unrecognized} unrecognized spans: no "
+                "attribute holds a tool the policy declares and no span name embeds one "
+                "(declare the agent's tools under tools:), and no span carries token counts",
+                file=sys.stderr,
+            )
+            return 1
+        name = profile_name(self.observed.values())
+        out.write(
+            f"# A starter profile read off {unrecognized} spans loopwatch did not recognize in\n"
+            f"# {' '.join(paths)}. Review it, add it under `profiles:` in the policy file, and\n"
+            "# check with `loopwatch inspect` which spans it reads ([" + name + "/...]).\n"
+        )
+        out.write(yaml.safe_dump({"profiles": {name: body}}, sort_keys=False, width=100))
+        return 0
+
     def write_json(self, out: IO[str]) -> None:
         for run_id, rows in self.runs.items():
             rows.sort(key=lambda r: (r[0], r[1], r[2]["span_id"]))
@@ -158,6 +199,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for _source, spans in iter_batches([file], report):
             assert isinstance(spans, list)  # no native span path: decoded spans
             inspection.add(spans)
+    if getattr(args, "suggest_profile", False):
+        return inspection.write_suggestion(sys.stdout, list(args.paths))
     if args.json:
         inspection.write_json(sys.stdout)
     else:

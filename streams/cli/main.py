@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config")
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.add_argument(
+        "--suggest-profile",
+        action="store_true",
+        help="print a starter recognition profile (YAML) for the spans no profile recognized",
+    )
     p.add_argument("paths", nargs="+")
     p.set_defaults(func=_lazy("streams.cli.inspect", "cmd_inspect"))
 
