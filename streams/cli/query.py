@@ -23,6 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from detectors.errors import LoopwatchError
@@ -330,10 +331,99 @@ def _item_table(items: list[dict[str, Any]], columns: Sequence[str]) -> Block:
     return table(list(columns), cells, right, indent=2)
 
 
+SUMMARY_FIELDS = (
+    "outcome",
+    "termination_reason",
+    "termination_evidence",
+    "prompt_version",
+    "agent_name",
+    "service_name",
+    "shapes",
+    "steps",
+    "tool_calls",
+    "distinct_actions",
+    "tokens",
+    "duplicate_spans",
+    "late_spans",
+)
+EVENT_COLUMNS = (
+    "detected_at",
+    "shape",
+    "severity",
+    "tool_name",
+    "count",
+    "wasted_steps",
+    "wasted_tokens",
+    "recommended_action",
+    "trigger_span_id",
+)
+TIMELINE_COLUMNS = (
+    "position",
+    "span_id",
+    "tool_name",
+    "action_fp",
+    "outcome_digest",
+    "error_code",
+)
+
+
+def render_finished_run(doc: dict[str, Any]) -> list[Block]:
+    """A finished run kept by the worker: its summary, its loop events, its last tool steps."""
+    lines: list[Block] = [
+        f"run       {_cell(doc.get('run_id'))}",
+        "status    finished" + _kept_until(doc.get("kept_until_ns")),
+    ]
+    if doc.get("trace_url"):
+        lines.append("trace     " + " ".join(str(doc["trace_url"]).split()))
+    summary = doc.get("summary")
+    if isinstance(summary, dict):
+        present = [k for k in SUMMARY_FIELDS if summary.get(k) not in (None, "", [])]
+        lines.append("summary")
+        width = max((len(k) for k in present), default=0)
+        lines += [f"  {k:<{width}}  {_cell(summary[k])}" for k in present]
+    events = [e for e in doc.get("events") or [] if isinstance(e, dict)]
+    lines.append(f"loop events ({len(events)})")
+    if events:
+        lines.append(_item_table(events, _columns(events, EVENT_COLUMNS)))
+    steps = [s for s in doc.get("timeline") or [] if isinstance(s, dict)]
+    if steps:
+        steps.sort(key=lambda s: _count(s.get("position")))
+        lines.append(f"last tool steps ({len(steps)})")
+        lines.append(_item_table(steps, TIMELINE_COLUMNS))
+    return lines
+
+
+def _kept_until(ns: Any) -> str:
+    if not isinstance(ns, int) or ns <= 0:
+        return ""
+    when = datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f" (kept until {when})"
+
+
+def not_found(run_id: str, doc: Any) -> LoopwatchError:
+    retention = doc.get("retention") if isinstance(doc, dict) else None
+    if isinstance(retention, dict):
+        looping = _hours(retention.get("looping_hours"))
+        clean = _hours(retention.get("clean_hours"))
+        return LoopwatchError(
+            f"run {run_id} not found: not in flight, and not among the runs finished in the "
+            f"last {looping} (runs without loops: {clean}; LOOPWATCH_RUN_RETENTION_HOURS)"
+        )
+    return LoopwatchError(f"run {run_id} not found (finished runs are in loop_runs)")
+
+
+def _hours(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    return f"{value / 24:g}d" if value >= 48 and value % 24 == 0 else f"{value:g}h"
+
+
 def render_run(doc: Any) -> list[Block]:
     """GET /runs/ID answer -> a header block, the run state, its steps and its findings."""
     if not isinstance(doc, dict):
         raise LoopwatchError("unexpected answer from the on-call API for a run: not an object")
+    if "summary" in doc:
+        return render_finished_run(doc)
     finished = doc.get("finished")
     lines: list[Block] = [
         f"run       {_cell(doc.get('run_id'))}",
@@ -401,7 +491,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             ) from None
         raise client.http_error(exc, path) from None
     if what == "run" and isinstance(doc, dict) and doc.get("found") is False:
-        raise LoopwatchError(f"run {run_id} not found (finished runs are in loop_runs)")
+        raise not_found(run_id, doc)
 
     if args.json:
         _print_json(body)

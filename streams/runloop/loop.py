@@ -89,7 +89,7 @@ class Sink(Protocol):
 class RunStore(Protocol):
     def load(self, run_id: str) -> tuple[Envelope, RunState] | None: ...
     def save(self, run_id: str, env: Envelope, state: RunState) -> None: ...
-    def finish(self, run_id: str, partition: int, now_ns: int) -> None: ...
+    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None: ...
     def is_finished(self, run_id: str) -> bool: ...
 
 
@@ -111,7 +111,7 @@ class MemoryStore:
         self.states[run_id] = state
         self.envelopes[run_id] = env
 
-    def finish(self, run_id: str, partition: int, now_ns: int) -> None:
+    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None:
         self.states.pop(run_id, None)
         self.envelopes.pop(run_id, None)
         self.finished[run_id] = None
@@ -304,7 +304,7 @@ class RunLoop:
             dict(zip(DEFERRED_FIELDS, d, strict=True)) for d in state.deferred
         ]
         sink.summary(summary if self.links is None else self.links.summary(summary))
-        self.store.finish(run_id, partition, now_ns)
+        self.store.finish(run_id, partition, now_ns, state)
         self.index.remove(run_id)
 
     def whole(self, run_id: str, steps: list[Step], sink: Sink) -> tuple[int, str]:

@@ -88,6 +88,7 @@ class LoopwatchService:
         from streams.worker.kafka.topics import (
             FINISHED_TABLE,
             LOOP_COUNTS_TABLE,
+            RETAINED_TABLE,
             RUN_COUNTS_TABLE,
             RUNS_TABLE,
             WINDOW_EXPIRES_SECONDS,
@@ -149,16 +150,25 @@ class LoopwatchService:
         as_bytes: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
         self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
         self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
+        self.retained = app.Table(RETAINED_TABLE, **opts(), **as_bytes)
         # windowed counters: json keys ((label key, (start, end))) and int values
         loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
         run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
-        self.all_tables = (self.runs, self.finished, loop_counts_raw, run_counts_raw)
+        self.all_tables = (
+            self.runs,
+            self.finished,
+            self.retained,
+            loop_counts_raw,
+            run_counts_raw,
+        )
         tables = Tables(
             self.runs,
             self.finished,
             windowed(loop_counts_raw),
             windowed(run_counts_raw),
             faust_internals.in_event,
+            retained=self.retained,
+            scan=faust_internals.partition_items,
         )
         self.worker = worker = Worker(
             s,
@@ -235,6 +245,8 @@ class LoopwatchService:
             app,
             self.runs,
             self.finished,
+            self.retained,
+            s.retention,
             loop_counts_raw,
             run_counts_raw,
             s.api_token,

@@ -8,6 +8,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `install_recovery_fix` | the end-of-recovery race below (faust-streaming #216 fixed it for apps without tables in #217; #253, which stopped fetching on suspend, was reverted in #256) | patch |
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
+| `partition_items` | `table.data._dbs[p].items(from_key=...)`: one partition's records in key order, for the retained-run sweep | read |
 | `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
 | `committed_offsets` | `Consumer._committed_offset`: the offsets faust sought to, without a broker call on the hot path | read |
 | `read_offsets` | `Consumer._read_offset`: the last offset faust handed to a stream, per partition | read |
@@ -105,6 +106,32 @@ def in_event(event: Any) -> Iterator[None]:
 def table_databases(table: Any) -> list[Any]:
     """The rocksdb databases of a table's partitions (none for the in-memory store)."""
     return list(getattr(table.data, "_dbs", {}).values())
+
+
+def partition_items(
+    table: Any, partition: int, after: bytes | None, limit: int
+) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` items of one partition of a rocksdb table in key order, after the key
+    `after` (`table.data._dbs[partition]`, rocksdict's `items(from_key=...)`: faust has no
+    per-partition or ranged read). The in-memory store keeps no partitions: all its items.
+    faust's own offset key is not an item."""
+    dbs = getattr(table.data, "_dbs", None)
+    if dbs is None:  # the memory store: a dict of every partition's keys
+        data = table.data.data
+        keys = sorted(k for k in data if after is None or k > after)[:limit]
+        return [(k, data[k]) for k in keys]
+    db = dbs.get(partition)
+    if db is None:
+        return []
+    offset_key = table.data.offset_key
+    out: list[tuple[bytes, bytes]] = []
+    for key, value in db.items(from_key=after) if after is not None else db.items():
+        if key in (after, offset_key):
+            continue
+        out.append((key, value))
+        if len(out) >= limit:
+            break
+    return out
 
 
 def consumer_if_started(app: Any) -> Any | None:

@@ -116,7 +116,10 @@ class Worker:
             tick_seconds=s.tick_seconds,
             cache_size=s.state_cache_size,
             links=s.trace_links,
+            retention=s.retention,
         )
+        if tables.scan is not None:
+            self.driver.store.scan = tables.scan
         # Unkeyed input: deadlines wait for the group's progress through every input
         # partition (streams/worker/kafka/input_clock.py); keyed input keeps a trace on one partition.
         self.clock = DeadlineClock(

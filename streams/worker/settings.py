@@ -35,6 +35,11 @@ variable                                  default                     meaning
 ``LOOPWATCH_MAX_ACTIVE_RUNS``             ``200000``                  live runs per worker; above it
                                                                       the oldest idle runs are
                                                                       finalized (evicted)
+``LOOPWATCH_RUN_RETENTION_HOURS``         ``168``                     how long a finished run that
+                                                                      looped stays open to
+                                                                      ``query run`` (0: not kept)
+``LOOPWATCH_CLEAN_RUN_RETENTION_HOURS``   ``24``                      the same for a run without
+                                                                      loops (its summary only)
 ``LOOPWATCH_FINISHED_TTL_SECONDS``        ``3600``                    how long a finished run id is
                                                                       remembered (late spans of it
                                                                       are counted, not a new run)
@@ -144,6 +149,7 @@ from pathlib import Path
 
 from alerts.trace_links import TraceLinks
 from detectors.errors import ConfigError
+from streams.worker.state.retained import Retention
 
 ENCODINGS = ("otlp_proto", "otlp_json")
 STORES = ("rocksdb://", "memory://")
@@ -171,6 +177,8 @@ class WorkerSettings:
     metrics_port: int = 9464
     max_active_runs: int = 200_000
     finished_ttl_seconds: float = 3600.0
+    run_retention_hours: float = 168.0
+    clean_run_retention_hours: float = 24.0
     app_id: str = "loopwatch"
     events_topic: str = "loop_detected"
     runs_topic: str = "loop_runs"
@@ -230,6 +238,13 @@ class WorkerSettings:
             "block_cache_compressed_size": self.rocksdb_block_cache_mb * mib,
         }
 
+    @property
+    def retention(self) -> Retention | None:
+        """How long finished runs are kept for `query run`; None: not at all."""
+        if not (self.run_retention_hours or self.clean_run_retention_hours):
+            return None
+        return Retention.hours(self.run_retention_hours, self.clean_run_retention_hours)
+
     def changelog_topic(self, table: str) -> str:
         """The name faust gives the changelog of `table` (``<app id>-<table>-changelog``)."""
         return f"{self.app_id}-{table}-changelog"
@@ -259,6 +274,12 @@ class WorkerSettings:
             "metrics_port": reader.integer("LOOPWATCH_METRICS_PORT", d.metrics_port, 0, 65535),
             "max_active_runs": reader.integer(
                 "LOOPWATCH_MAX_ACTIVE_RUNS", d.max_active_runs, 1, 100_000_000
+            ),
+            "run_retention_hours": reader.number(
+                "LOOPWATCH_RUN_RETENTION_HOURS", d.run_retention_hours, 0.0
+            ),
+            "clean_run_retention_hours": reader.number(
+                "LOOPWATCH_CLEAN_RUN_RETENTION_HOURS", d.clean_run_retention_hours, 0.0
             ),
             "finished_ttl_seconds": reader.number(
                 "LOOPWATCH_FINISHED_TTL_SECONDS", d.finished_ttl_seconds, 1.0

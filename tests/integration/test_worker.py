@@ -332,13 +332,35 @@ def test_api_run_views(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     assert {f["event_id"] for f in doc["findings"]} == keyed_worker["open_event_ids"]
     assert "A7" not in json.dumps(doc) and "pending" not in json.dumps(doc["steps"])
 
-    # a finished run: gone from the state table, remembered as finished
+    # a finished run: gone from the state table, kept in the retained one
     event_ids(worker, corpus.event_ids)
-    finished_run = sorted(corpus.runs)[0][0]
-    status, doc = worker.api(f"/runs/{finished_run}", token=TOKEN)
-    assert status == 200 and doc["found"] is False and doc["finished"] is True
+    looped = corpus.events[0]
+    outcomes = dict(corpus.runs)
+    doc = finished_run(worker, looped["run_id"])
+    assert doc["summary"]["outcome"] == outcomes[looped["run_id"]]
+    assert looped["shape"] in doc["summary"]["shapes"]
+    assert {e["event_id"] for e in doc["events"]} == {
+        e["event_id"] for e in corpus.events if e["run_id"] == looped["run_id"]
+    }
+    assert doc["timeline"] and doc["retention"] == {"looping_hours": 168.0, "clean_hours": 24.0}
+    clean = next(r for r, _o in sorted(corpus.runs) if all(e["run_id"] != r for e in corpus.events))
+    doc = finished_run(worker, clean)
+    assert doc["summary"]["shapes"] == [] and doc["events"] == [] and doc["timeline"] == []
     status, doc = worker.api("/runs/0123456789abcdef0123456789abcdef", token=TOKEN)
     assert status == 200 and doc["found"] is False and doc["finished"] is False
+    assert doc["retention"]["looping_hours"] == 168.0
+
+
+def finished_run(worker: WorkerProc, run_id: str, token: str | None = TOKEN) -> dict[str, Any]:
+    """GET /runs/{run_id} once the run has finished (its grace may still be running)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        status, doc = worker.api(f"/runs/{run_id}", token=token)
+        assert status == 200, doc
+        if doc.get("finished") and doc.get("found"):
+            return doc
+        assert time.monotonic() < deadline, (doc, worker.log_tail())
+        time.sleep(0.3)
 
 
 def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
@@ -477,6 +499,14 @@ def test_restart_sigterm_and_sigkill_keep_event_ids(
             time.sleep(0.3)
         assert event_ids(worker, corpus.event_ids) == corpus.event_ids
         assert worker.api("/healthz")[1]["active_runs"] == 0
+        # finished runs stay open to `query run` across the restarts (rocksdb + changelog)
+        looped = corpus.events[0]
+        doc = finished_run(worker, looped["run_id"], None)
+        assert looped["event_id"] in {e["event_id"] for e in doc["events"]}
+        assert worker.stop(signal.SIGTERM) == 0
+        worker.start()  # once more, from the local state only
+        worker.wait_ready()
+        assert finished_run(worker, looped["run_id"], None)["summary"] == doc["summary"]
         assert worker.stop(signal.SIGTERM) == 0
     finally:
         worker.cleanup()

@@ -130,6 +130,29 @@ def test_table_databases_are_the_open_rocksdb_partitions(tmp_path: Any) -> None:
     assert faust_internals.table_databases(memory.Table("runs", default=int)) == []
 
 
+def test_partition_items_reads_one_partition_in_key_order_from_a_key(tmp_path: Any) -> None:
+    """The retained-run sweep reads a partition's records a slice at a time: rocksdict's
+    `items(from_key=...)` on faust's per-partition database, without faust's offset key."""
+    app: Any = faust.App(
+        "internals-items", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path)
+    )
+    table = app.Table("retained", partitions=2, key_type=bytes, value_type=bytes)
+    table.send_changelog = lambda *a, **k: SimpleNamespace(message=SimpleNamespace(partition=0))
+    for i in range(10):
+        with faust_internals.in_event(_Event(i % 2)):
+            table[f"run-{i}".encode()] = f"v{i}".encode()
+    table.data.set_persisted_offset(TP("otlp", 1), 42)  # faust's own key in the same db
+    first = faust_internals.partition_items(table, 1, None, 3)
+    assert first == [(b"run-1", b"v1"), (b"run-3", b"v3"), (b"run-5", b"v5")]
+    rest = faust_internals.partition_items(table, 1, first[-1][0], 10)
+    assert rest == [(b"run-7", b"v7"), (b"run-9", b"v9")]
+    assert faust_internals.partition_items(table, 5, None, 10) == []  # not open here
+    memory: Any = faust.App("internals-items-m", broker="kafka://127.0.0.1:1", store="memory://")
+    mtable = memory.Table("retained", key_type=bytes, value_type=bytes)
+    mtable.data.data.update({b"b": b"2", b"a": b"1", b"c": b"3"})
+    assert faust_internals.partition_items(mtable, 0, b"a", 10) == [(b"b", b"2"), (b"c", b"3")]
+
+
 def test_the_consumer_is_read_without_being_created(tmp_path: Any) -> None:
     app, _table = rocksdb_app(tmp_path)
     assert faust_internals.consumer_if_started(app) is None

@@ -280,6 +280,80 @@ def test_run_detail_shows_the_whole_trace_link(
     assert lines[2] == f"trace     {url}"
 
 
+FINISHED = {
+    "run_id": RUN_ID,
+    "found": True,
+    "finished": True,
+    "finished_at_ns": 1_796_300_000_000_000_000,
+    "kept_until_ns": 1_796_904_800_000_000_000,
+    "summary": {
+        "run_id": RUN_ID,
+        "outcome": "complete",
+        "termination_reason": "final_answer",
+        "termination_evidence": "default",
+        "prompt_version": "support-v12",
+        "shapes": ["identical_repetition"],
+        "steps": 5,
+        "tool_calls": 4,
+    },
+    "events": [
+        {
+            "detected_at": "2026-12-03T12:00:00.000000Z",
+            "shape": "identical_repetition",
+            "severity": "warning",
+            "tool_name": "lookup_order",
+            "count": 3,
+            "wasted_steps": 1,
+            "wasted_tokens": 0,
+            "recommended_action": "inject_attempt_history",
+            "trigger_span_id": "00f067aa0ba902b9",
+        }
+    ],
+    "timeline": RUN["steps"],
+    "retention": {"looping_hours": 168, "clean_hours": 24},
+}
+
+
+def test_a_finished_run_shows_its_summary_events_and_last_steps(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes[f"/runs/{RUN_ID}"] = (200, FINISHED)
+    rc, lines, err = run(capsys, "run", RUN_ID)
+    assert (rc, err) == (0, "")
+    assert lines[:3] == [
+        f"run       {RUN_ID}",
+        "status    finished (kept until 2026-12-10 12:13 UTC)",
+        "summary",
+    ]
+    assert "  outcome               complete" in lines
+    assert '  shapes                ["identical_repetition"]' in lines
+    assert lines.index("loop events (1)") < lines.index("last tool steps (3)")
+    steps = lines[lines.index("last tool steps (3)") + 3 :]
+    assert [line.split()[0] for line in steps] == ["1", "2", "3"]
+
+
+def test_a_run_neither_in_flight_nor_kept_names_the_retention(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes[f"/runs/{RUN_ID}"] = (
+        200,
+        {
+            "run_id": RUN_ID,
+            "found": False,
+            "finished": False,
+            "steps": [],
+            "findings": [],
+            "retention": {"looping_hours": 168, "clean_hours": 24},
+        },
+    )
+    rc, lines, err = run(capsys, "run", RUN_ID)
+    assert rc == 2 and lines == []
+    assert err.strip() == (
+        f"loopwatch: error: run {RUN_ID} not found: not in flight, and not among the runs "
+        "finished in the last 7d (runs without loops: 24h; LOOPWATCH_RUN_RETENTION_HOURS)"
+    )
+
+
 def test_run_id_is_quoted(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     api.routes["/runs/conv%2F7%20a"] = (200, {**RUN, "run_id": "conv/7 a", "finished": True})
     rc, lines, _ = run(capsys, "run", "conv/7 a")

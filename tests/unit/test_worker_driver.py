@@ -56,6 +56,7 @@ class FakeWorker:
         self.driver = RunDriver(policy, **kw)
         self.runs: dict[bytes, bytes] = {}
         self.finished: dict[bytes, bytes] = {}
+        self.retained: dict[bytes, bytes] = {}
         self.partitions = partitions
         self.now = T0
         self.events: list[dict[str, Any]] = []
@@ -82,18 +83,24 @@ class FakeWorker:
             p = key_partition(run_id.encode(), self.partitions)
             self.collect(
                 self.driver.process_run(
-                    self.runs, self.finished, p, run_id, [(steps, self.clock)], self.now
+                    self.runs,
+                    self.finished,
+                    p,
+                    run_id,
+                    [(steps, self.clock)],
+                    self.now,
+                    self.retained,
                 )
             )
-        self.driver.apply_writes(self.runs, self.finished)  # after the outputs, as the agent
+        self.driver.apply_writes(self.runs, self.finished, self.retained)  # after the outputs
 
     def advance(self, seconds: float, clock_lag: float = 0.0) -> None:
         """Wall time moves on, then a tick, its clock `clock_lag` s behind (the input clock)."""
         self.now += int(seconds * NS)
         clock = self.now - int(clock_lag * NS)
         for p in sorted(self.driver.due_partitions(clock)):
-            self.collect(self.driver.tick(self.runs, self.finished, p, clock))
-        self.driver.apply_writes(self.runs, self.finished)
+            self.collect(self.driver.tick(self.runs, self.finished, p, clock, self.retained))
+        self.driver.apply_writes(self.runs, self.finished, self.retained)
 
 
 # Run facts an event takes from the run's spans as they were when it fired: the stream may
@@ -660,3 +667,95 @@ def test_the_worker_links_events_and_summaries_to_their_trace() -> None:
         )
     for summary in worker.summaries:
         assert summary["trace_url"] == f"https://jaeger.example/trace/{summary['trace_id']}?uiFind="
+
+
+# ---------------------------------------------------------------------------- retained runs
+
+
+def retaining_worker(looping_h: float = 168, clean_h: float = 24) -> FakeWorker:
+    from streams.worker.state.retained import Retention
+
+    policy = stream_policy(
+        allowed_lateness_seconds=0, finalize_grace_seconds=2, idle_timeout_seconds=5
+    )
+    return FakeWorker(policy, retention=Retention.hours(looping_h, clean_h))
+
+
+def test_a_finished_run_that_looped_is_kept_with_its_summary_events_and_steps() -> None:
+    from streams.worker.api.answers import retained_view
+    from streams.worker.state.retained import Retention, header
+
+    worker = retaining_worker()
+    looping = Run(trace=61, prompt_version="v7")
+    for _ in range(4):
+        looping.tool("lookup_order", {"order_id": "SECRET-ORDER"}, {"status": "SECRET-RESULT"})
+    looping.root()
+    clean = Run(trace=62, prompt_version="v7")
+    clean.tool("lookup_order", {"order_id": "B2"}, {"status": "ok"})
+    clean.root()
+    worker.feed(encode_request(looping.spans[:3]))  # the loop fires while the run is open
+    worker.advance(0.1)
+    assert looping.trace_id.encode() in worker.retained  # its events so far
+    worker.feed(encode_request(looping.spans[3:] + clean.spans))
+    worker.advance(10)
+    assert worker.runs == {}  # both finished
+    raw = worker.retained[looping.trace_id.encode()]
+    expires, finished, _partition = header(raw)
+    assert expires - finished == 168 * 3600 * NS and finished == worker.now
+    doc = retained_view(looping.trace_id, raw, Retention.hours(168, 24))
+    assert doc["found"] and doc["finished"]
+    assert doc["summary"]["outcome"] == "complete" and doc["summary"]["shapes"] == [
+        "identical_repetition"
+    ]
+    assert [e["shape"] for e in doc["events"]] == ["identical_repetition"]
+    assert {e["event_id"] for e in doc["events"]} == {
+        e["event_id"] for e in worker.events if e["run_id"] == looping.trace_id
+    }
+    assert [s["position"] for s in doc["timeline"]] == [1, 2, 3, 4]
+    assert {s["tool_name"] for s in doc["timeline"]} == {"lookup_order"}
+    assert "SECRET" not in json.dumps(doc)
+    # a clean run: its summary only, for the shorter retention
+    raw = worker.retained[clean.trace_id.encode()]
+    expires, finished, _ = header(raw)
+    assert expires - finished == 24 * 3600 * NS
+    doc = retained_view(clean.trace_id, raw, Retention.hours(168, 24))
+    assert doc["summary"]["shapes"] == [] and doc["events"] == [] and doc["timeline"] == []
+
+
+def test_expired_runs_are_swept_and_the_rest_kept() -> None:
+    from streams.worker.agents import driver as driver_module
+
+    worker = retaining_worker(looping_h=2, clean_h=1)
+    for trace in range(70, 90):
+        run = Run(trace=trace)
+        for _ in range(3 if trace % 2 else 1):
+            run.tool("lookup_order", {"order_id": "C3"}, {"status": "ok"})
+        run.root()
+        worker.feed(encode_request(run.spans))
+    worker.advance(10)
+    assert len(worker.retained) == 20
+    worker.advance(3600 + 60)  # clean runs expired, looping ones not yet
+    assert len(worker.retained) == 10
+    kept = {bytes.fromhex(k.decode())[-1] for k in worker.retained}
+    assert all(n % 2 for n in kept)
+    for _ in range(2):  # swept in slices of SWEEP_BATCH, once a SWEEP_SECONDS
+        worker.advance(3600)
+    assert worker.retained == {}
+    assert driver_module.SWEEP_BATCH >= 1
+
+
+def test_the_sweep_takes_a_partition_a_slice_at_a_time() -> None:
+    from streams.worker.state.retained import encode
+    from streams.worker.state.store import TableStore
+
+    store = TableStore()
+    table = {
+        f"run-{i:03d}".encode(): encode({}, i % 2, 100 if i < 60 else 10**12, 1) for i in range(100)
+    }
+    store.bind({}, {}, table)
+    # partition 0's records, 20 keys read at a time from where the last slice stopped
+    deleted = [store.sweep_retained(0, 1000, 20) for _ in range(6)]
+    store.apply_writes()
+    assert sum(deleted) == 30 and len(table) == 70  # the even keys below 60 are gone
+    assert all(int(k[4:]) % 2 or int(k[4:]) >= 60 for k in table)
+    assert store.sweep_after[0] is None  # past the end: the next slice starts again

@@ -91,7 +91,7 @@ class Checkpoint:
         if self.failed is not None:
             return []
         tables = self.tables
-        by_name = {"runs": tables.runs, "finished": tables.finished}
+        by_name = {"runs": tables.runs, "finished": tables.finished, "retained": tables.retained}
         try:
             for table, partition, key, value in self.driver.take_writes():
                 with tables.in_event(routing[partition]):

@@ -23,9 +23,18 @@ from detectors.state import RunState
 from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
 from streams.runloop.loop import NS, Envelope, RunLoop
 from streams.worker.agents.messages import key_text
+from streams.worker.state import retained as records
+from streams.worker.state.retained import Retention
 from streams.worker.state.store import Table, TableStore, decode_finished, decode_header
 
 log = logging.getLogger("loopwatch.worker")
+
+# Expired retained records are deleted a slice at a time, per partition: SWEEP_BATCH
+# records read (their 19-byte header) every SWEEP_SECONDS, so a record outlives its
+# retention by at most (records in the partition / SWEEP_BATCH) sweep periods.
+SWEEP_SECONDS = 60
+SWEEP_NS = SWEEP_SECONDS * NS
+SWEEP_BATCH = 5_000
 
 __all__ = ["NS", "Outputs", "RunDriver"]
 
@@ -73,9 +82,13 @@ class RunDriver:
         tick_seconds: float = 1.0,
         cache_size: int = 10_000,
         links: TraceLinks | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.policy = policy
         self.store = TableStore(cache_size)
+        self.retention = retention  # None: finished runs are not kept (the retained table)
+        self.swept_at: dict[int, int] = {}  # partition -> when its retained records were swept
+        self.sweep_partitions: set[int] = set()  # assigned, or with retained writes since
         self.loop = RunLoop(
             policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS), links=links
         )
@@ -136,6 +149,9 @@ class RunDriver:
             if partitions is None or partition in partitions:
                 items.append((partition, finished_ns, key_text(key)))
         self.store.finished_index.rebuild(items)
+        if partitions is not None:  # every assigned partition may hold retained records
+            self.sweep_partitions = set(partitions)
+            self.store.sweep_after.clear()
 
     def due_partitions(self, now_ns: int) -> set[int]:
         """Partitions with work for a tick: due runs or finished markers past their TTL."""
@@ -146,6 +162,10 @@ class RunDriver:
             at = index.next_due(p)
             if at is not None and at <= now_ns:
                 due.add(p)
+        if self.retention is not None:
+            due.update(
+                p for p in self.sweep_partitions if now_ns - self.swept_at.get(p, 0) >= SWEEP_NS
+            )
         cutoff = now_ns - self.finished_ttl_ns
         finished = self.store.finished_index
         for p in finished.partitions():
@@ -164,22 +184,71 @@ class RunDriver:
         run_id: str,
         batches: list[tuple[list[Step], int | None]],
         now_ns: int,
+        retained: Table | None = None,
     ) -> Outputs:
         """Steps of one run, from one or more messages in arrival order, each with the
         input clock it was sent at (RunLoop.apply); one state write, pending until
         `take_writes`."""
         out = Outputs()
-        self.store.bind(runs, finished)
+        self.store.bind(runs, finished, retained)
         self.loop.apply(partition, run_id, batches, now_ns, out)
+        self.retain(partition, out, now_ns)
         return out
 
-    def tick(self, runs: Table, finished: Table, partition: int, now_ns: int) -> Outputs:
-        """Due releases, finalizations, evictions and marker expiry of one partition."""
+    def tick(
+        self,
+        runs: Table,
+        finished: Table,
+        partition: int,
+        now_ns: int,
+        retained: Table | None = None,
+    ) -> Outputs:
+        """Due releases, finalizations, evictions and marker expiry of one partition, and
+        (once every SWEEP_SECONDS) a slice of its expired retained records."""
         out = Outputs()
-        self.store.bind(runs, finished)
+        self.store.bind(runs, finished, retained)
         self.loop.due(partition, now_ns, out)
+        self.retain(partition, out, now_ns)
         self.store.expire_finished(partition, now_ns - self.finished_ttl_ns)
+        if self.retention is not None and now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:
+            self.swept_at[partition] = now_ns
+            self.store.sweep_retained(partition, now_ns, SWEEP_BATCH)
         return out
+
+    def retain(self, partition: int, out: Outputs, now_ns: int) -> None:
+        """Keep what on-call may ask about these runs later: the events of a run that
+        looped as they fire, and its summary (and step timeline) when it finishes."""
+        retention = self.retention
+        if retention is None or not (out.events or out.summaries):
+            return
+        self.sweep_partitions.add(partition)
+        events: dict[str, list[dict[str, Any]]] = {}
+        for event in out.events:
+            events.setdefault(event["run_id"], []).append(event)
+        summaries = {s["run_id"]: s for s in out.summaries}
+        store = self.store
+        for run_id in {**events, **summaries}:
+            key = run_id.encode("utf-8")
+            raw = store.load_retained(key)
+            body = records.decode(raw) if raw is not None else {}
+            if run_id in events:
+                records.add_events(body, events[run_id])
+            summary = summaries.get(run_id)
+            if summary is None:  # in flight: kept at least as long as a looping run
+                store.put_retained(
+                    partition,
+                    key,
+                    records.encode(body, partition, now_ns + retention.looping_ns, 0),
+                )
+                continue
+            records.finish(body, summary, store.finishing.get(run_id))
+            keep = retention.looping_ns if summary.get("shapes") else retention.clean_ns
+            if keep <= 0:
+                store.put_retained(partition, key, None)
+                continue
+            store.put_retained(
+                partition, key, records.encode(body, partition, now_ns + keep, now_ns)
+            )
 
     def take_writes(self) -> list[tuple[str, int, bytes, bytes | None]]:
         return self.store.take_writes()
@@ -187,7 +256,7 @@ class RunDriver:
     def discard_writes(self) -> None:
         self.store.discard_writes()
 
-    def apply_writes(self, runs: Table, finished: Table) -> int:
+    def apply_writes(self, runs: Table, finished: Table, retained: Table | None = None) -> int:
         """take_writes + apply, for plain mappings (tests, tools)."""
-        self.store.bind(runs, finished)
+        self.store.bind(runs, finished, retained)
         return self.store.apply_writes()

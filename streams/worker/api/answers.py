@@ -14,6 +14,8 @@ from alerts.trace_links import TraceLinks
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
 from streams.worker.api import params as api_params
 from streams.worker.api.params import DEFAULT_SINCE, LOOP_LABELS
+from streams.worker.state import retained
+from streams.worker.state.retained import Retention
 from streams.worker.state.store import decode_envelope
 from streams.worker.state.window_keys import iter_window_counts
 
@@ -143,6 +145,19 @@ def run_view(
     }
     if links is not None:
         doc["trace_url"] = links.url(state.trace_id, None, run_id)
+    return doc
+
+
+def retained_view(
+    run_id: str, raw: bytes, retention: Retention, links: TraceLinks | None = None
+) -> dict[str, Any]:
+    """GET /runs/{run_id} for a finished run kept in the retained table."""
+    doc = retained.view(run_id, raw, retention)
+    summary = doc.get("summary") or {}
+    if links is not None and "trace_url" not in summary:
+        doc["trace_url"] = links.url(summary.get("trace_id"), None, run_id)
+    elif summary.get("trace_url"):
+        doc["trace_url"] = summary["trace_url"]
     return doc
 
 

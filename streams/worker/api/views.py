@@ -18,12 +18,14 @@ from streams.worker.api.answers import (
     merge_rows,
     parse_by,
     parse_since,
+    retained_view,
     run_view,
     sum_windows,
     window,
 )
 from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
 from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS
+from streams.worker.state.retained import Retention, retention_doc
 
 
 class Views:
@@ -35,6 +37,8 @@ class Views:
         app: Any,
         runs: Any,
         finished: Any,
+        retained: Any,
+        retention: Retention | None,
         loop_counts: Any,
         run_counts: Any,
         api_token: str | None,
@@ -44,6 +48,8 @@ class Views:
         self.app = app
         self.runs = runs
         self.finished = finished
+        self.retained = retained
+        self.retention = retention
         self.loop_counts = loop_counts
         self.run_counts = run_counts
         self.api_token = api_token
@@ -74,8 +80,15 @@ class Views:
         async def local_run(view: Any, request: Any, run_id: str) -> Any:
             key = run_id.encode("utf-8")
             raw = views.runs.get(key)
+            if raw is None and views.retention is not None:
+                kept = views.retained.get(key)
+                if kept is not None:
+                    return view.json(retained_view(run_id, kept, views.retention, views.links))
             finished = views.finished.get(key) is not None
-            return view.json(run_view(run_id, raw, finished, views.links))
+            doc = run_view(run_id, raw, finished, views.links)
+            if views.retention is not None:
+                doc["retention"] = retention_doc(views.retention)
+            return view.json(doc)
 
         routed_run = app.table_route(table=self.runs, match_info="run_id")(local_run)
 

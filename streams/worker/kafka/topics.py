@@ -32,6 +32,7 @@ RUNS_TABLE = "runs"
 FINISHED_TABLE = "finished"
 LOOP_COUNTS_TABLE = "loop_counts"
 RUN_COUNTS_TABLE = "run_counts"
+RETAINED_TABLE = "retained"
 WINDOW_SECONDS = 60.0
 WINDOW_EXPIRES_SECONDS = 24 * 3600.0
 
@@ -95,6 +96,8 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
     out_ms = str(int(s.output_retention_hours * _HOUR_MS))
     steps_ms = str(24 * _HOUR_MS)
     window_ms = str(int((WINDOW_EXPIRES_SECONDS + 2 * WINDOW_SECONDS) * 1000))
+    keep_hours = max(s.run_retention_hours, s.clean_run_retention_hours)
+    retained_ms = str(int((keep_hours + 24) * _HOUR_MS))
     return [
         TopicSpec(s.input_topic, n_in, {}),
         TopicSpec(s.steps_topic, n_detect, {"retention.ms": steps_ms}, copartitioned=True),
@@ -123,6 +126,14 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
             s.changelog_topic(FINISHED_TABLE),
             n_detect,
             {"cleanup.policy": "compact"},
+            copartitioned=True,
+        ),
+        TopicSpec(
+            s.changelog_topic(RETAINED_TABLE),
+            n_detect,
+            # records older than the longest retention (and a day) go with their segments,
+            # whether or not the sweep reached them
+            {"cleanup.policy": "compact,delete", "retention.ms": retained_ms},
             copartitioned=True,
         ),
         TopicSpec(

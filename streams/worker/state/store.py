@@ -1,11 +1,12 @@
-"""The worker's state store: what the `runs` and `finished` tables hold, and how.
+"""The worker's state store: what the `runs`, `finished` and `retained` tables hold, and how.
 
 A `runs` value is an envelope: a small JSON header (the run loop's `Envelope`: what the
 deadline index needs) and the run's state (streams/worker/state/codec.py),
 ``<header JSON>\\n<RunState>``, so that rebuilding the deadline index after a rebalance
 parses only the headers. A `finished` value is ``[finished_ns, partition]``. Tables are
 plain key/value mappings here (a dict in tests, a faust table in the service).
-`TableStore` is the run loop's store (streams/runloop/loop.py) over these two tables.
+`TableStore` is the run loop's store (streams/runloop/loop.py) over these tables; the
+`retained` table's records are streams/worker/state/retained.py.
 """
 
 from __future__ import annotations
@@ -14,17 +15,29 @@ import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.state import RunState
 from streams.runloop.deadlines import FinishedIndex
 from streams.runloop.loop import Envelope
 from streams.worker.state.codec import decode_state, encode_state
+from streams.worker.state.retained import header as retained_header
 
 ENVELOPE_VERSION = 1
 
 Table = MutableMapping[bytes, bytes]
+# (table, partition, after this key or from the first, at most n) -> items in key order
+Scan = Callable[[Table, int, bytes | None, int], list[tuple[bytes, bytes]]]
+
+
+def scan_mapping(
+    table: Table, partition: int, after: bytes | None, limit: int
+) -> list[tuple[bytes, bytes]]:
+    """`Scan` over a plain mapping (tests, the memory store): every key, whatever its
+    partition (the records say theirs)."""
+    keys = sorted(k for k in table if after is None or k > after)[:limit]
+    return [(k, table[k]) for k in keys]
 
 
 def encode_header(env: Envelope) -> bytes:
@@ -98,16 +111,23 @@ class TableStore:
     def __init__(self, cache_size: int = 10_000) -> None:
         self.runs: Table = {}
         self.finished: Table = {}
+        self.retained: Table = {}
+        self.scan: Scan = scan_mapping
         self.cache: OrderedDict[str, tuple[Envelope, RunState]] = OrderedDict()
         self.cache_size = cache_size
         self.pending_runs: dict[bytes, tuple[int, bytes | None]] = {}
         self.pending_finished: dict[bytes, tuple[int, bytes | None]] = {}
+        self.pending_retained: dict[bytes, tuple[int, bytes | None]] = {}
+        self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
+        self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
         self.finished_index = FinishedIndex()
         self.state_writes = 0
         self.state_write_bytes = 0
 
-    def bind(self, runs: Table, finished: Table) -> None:
+    def bind(self, runs: Table, finished: Table, retained: Table | None = None) -> None:
         self.runs, self.finished = runs, finished
+        if retained is not None:
+            self.retained = retained
 
     def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
         cached = self.cache.pop(run_id, None)
@@ -125,8 +145,9 @@ class TableStore:
             if len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
 
-    def finish(self, run_id: str, partition: int, now_ns: int) -> None:
+    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None:
         key = run_id.encode("utf-8")
+        self.finishing[run_id] = state
         self.pending_runs[key] = (partition, None)
         self.pending_finished[key] = (partition, encode_finished(now_ns, partition))
         self.finished_index.add(partition, now_ns, run_id)
@@ -144,15 +165,43 @@ class TableStore:
             if self.is_finished(run_id):
                 self.pending_finished[run_id.encode("utf-8")] = (partition, None)
 
+    def load_retained(self, key: bytes) -> bytes | None:
+        pending = self.pending_retained.get(key)
+        return pending[1] if pending is not None else self.retained.get(key)
+
+    def put_retained(self, partition: int, key: bytes, value: bytes | None) -> None:
+        self.pending_retained[key] = (partition, value)
+
+    def sweep_retained(self, partition: int, now_ns: int, limit: int) -> int:
+        """Delete the expired records among the next `limit` of `partition` (in key order,
+        from where the last sweep stopped; past the end it starts again). Returns how many
+        it deleted."""
+        after = self.sweep_after.get(partition)
+        items = self.scan(self.retained, partition, after, limit)
+        deleted = 0
+        for key, raw in items:
+            try:
+                expires_ns, _finished, owner = retained_header(raw)
+            except ValueError:
+                continue
+            if owner == partition and expires_ns <= now_ns and key not in self.pending_retained:
+                self.pending_retained[key] = (partition, None)
+                deleted += 1
+        self.sweep_after[partition] = items[-1][0] if len(items) == limit else None
+        return deleted
+
     def take_writes(self) -> list[tuple[str, int, bytes, bytes | None]]:
         """The pending table writes, (table, partition, key, value or None = delete), and
         forget them: the caller applies them (after the outputs were acknowledged)."""
         writes = [("runs", p, k, v) for k, (p, v) in self.pending_runs.items()]
         writes += [("finished", p, k, v) for k, (p, v) in self.pending_finished.items()]
+        writes += [("retained", p, k, v) for k, (p, v) in self.pending_retained.items()]
         self.state_writes += len(self.pending_runs)
         self.state_write_bytes += sum(len(v) for _p, v in self.pending_runs.values() if v)
         self.pending_runs.clear()
         self.pending_finished.clear()
+        self.pending_retained.clear()
+        self.finishing.clear()
         return writes
 
     def discard_writes(self) -> None:
@@ -160,13 +209,16 @@ class TableStore:
         state (the tables still hold the states before the batch)."""
         self.pending_runs.clear()
         self.pending_finished.clear()
+        self.pending_retained.clear()
+        self.finishing.clear()
         self.cache.clear()
 
     def apply_writes(self) -> int:
         """take_writes + apply, for plain mappings (tests, tools)."""
         writes = self.take_writes()
+        tables = {"runs": self.runs, "finished": self.finished, "retained": self.retained}
         for table, _p, key, value in writes:
-            target = self.runs if table == "runs" else self.finished
+            target = tables[table]
             if value is None:
                 target.pop(key, None)
             else:
@@ -190,3 +242,5 @@ class Tables:
     loop_counts: Any
     run_counts: Any
     in_event: Callable[[Any], contextlib.AbstractContextManager[None]] = _no_event
+    retained: Table = field(default_factory=dict)
+    scan: Scan | None = None  # a partition's items in key order (None: plain mappings)
