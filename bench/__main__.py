@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from bench import order_bench, replay_bench
+from bench import order_bench, replay_bench, retention_bench
 from bench.corpus import export_messages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     # the same corpus in time order and shuffled (random batches, 30% re-sent), 2 files each
     order = order_bench.order_cost(list(export_messages(args.order_spans, seed=3)))
     results["replay_order"] = order
+    # what keeping finished runs for query run costs (the retained table)
+    retention = retention_bench.run(60_000, (100_000, 1_000_000))
+    results["retention"] = retention
 
     rows = [
         (
@@ -168,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (", the same both ways" if order["same_events"] else ", DIFFERENT"),
             )
         )
+    rows += retention_bench.rows(retention)
     rows.append(
         (
             "replay RSS after each of 10 replays (50k spans, 1 process)",
