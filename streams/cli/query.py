@@ -17,6 +17,7 @@ import http.client
 import ipaddress
 import json
 import os
+import re
 import socket
 import sys
 import urllib.error
@@ -412,6 +413,33 @@ def not_found(run_id: str, doc: Any) -> LoopwatchError:
     return LoopwatchError(f"run {run_id} not found (finished runs are in loop_runs)")
 
 
+_HEX_PREFIX = re.compile(r"[0-9a-f]{8,64}").fullmatch
+
+
+def resolve_prefix(client: ApiClient, prefix: str, miss: dict[str, Any]) -> str:
+    """The one run whose id starts with `prefix` (GET /find, every worker); not found or
+    ambiguous: one LoopwatchError listing the candidates."""
+    try:
+        _status, _body, doc = client.get("/find", {"run": prefix})
+    except urllib.error.HTTPError as exc:
+        raise client.http_error(exc, "/find") from None
+    matches = [m for m in (doc or {}).get("matches", []) if isinstance(m, dict)]
+    if not matches:
+        raise not_found(prefix, doc if isinstance(doc, dict) and "retention" in doc else miss)
+    if len(matches) == 1:
+        return str(matches[0]["run_id"])
+    listed = "; ".join(
+        f"{m['run_id']} ({m.get('status', '?')}"
+        + (f", {', '.join(m['shapes'])}" if m.get("shapes") else "")
+        + ")"
+        for m in matches[:10]
+    )
+    more = f" and {len(matches) - 10} more" if len(matches) > 10 else ""
+    raise LoopwatchError(
+        f"{len(matches)} runs start with {prefix}: {listed}{more}; give more characters"
+    )
+
+
 def _hours(value: Any) -> str:
     if not isinstance(value, int | float):
         return "?"
@@ -491,7 +519,14 @@ def cmd_query(args: argparse.Namespace) -> int:
             ) from None
         raise client.http_error(exc, path) from None
     if what == "run" and isinstance(doc, dict) and doc.get("found") is False:
-        raise not_found(run_id, doc)
+        # not an id: a prefix as the tables print it (at least 8 hex characters)?
+        if not _HEX_PREFIX(run_id.strip().lower()):
+            raise not_found(run_id, doc)
+        run_id = resolve_prefix(client, run_id.strip().lower(), doc)
+        path = "/runs/" + urllib.parse.quote(run_id, safe="")
+        _status, body, doc = client.get(path, {})
+        if isinstance(doc, dict) and doc.get("found") is False:  # gone in between
+            raise not_found(run_id, doc)
 
     if args.json:
         _print_json(body)

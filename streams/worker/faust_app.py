@@ -252,6 +252,7 @@ class LoopwatchService:
             s.api_token,
             worker.health,
             s.trace_links,
+            self.assigned_partitions,
         ).wire()
 
     def assigned_partitions(self) -> set[int]:

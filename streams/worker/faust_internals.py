@@ -9,6 +9,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
 | `partition_items` | `table.data._dbs[p].items(from_key=...)`: one partition's records in key order, for the retained-run sweep | read |
+| `prefix_items` | the same seek: the runs whose ids start with what on-call pasted (`query run 773fd730`) | read |
 | `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
 | `committed_offsets` | `Consumer._committed_offset`: the offsets faust sought to, without a broker call on the hot path | read |
 | `read_offsets` | `Consumer._read_offset`: the last offset faust handed to a stream, per partition | read |
@@ -131,6 +132,29 @@ def partition_items(
         out.append((key, value))
         if len(out) >= limit:
             break
+    return out
+
+
+def prefix_items(
+    table: Any, partition: int, prefix: bytes, limit: int
+) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` items of one partition whose keys start with `prefix` (a seek to the
+    prefix, then in key order: `table.data._dbs[partition].items(from_key=prefix)`). The
+    in-memory store keeps no partitions: its matching items, whatever `partition`."""
+    dbs = getattr(table.data, "_dbs", None)
+    if dbs is None:
+        data = table.data.data
+        keys = sorted(k for k in data if k.startswith(prefix))[:limit]
+        return [(k, data[k]) for k in keys]
+    db = dbs.get(partition)
+    if db is None:
+        return []
+    out: list[tuple[bytes, bytes]] = []
+    for key, value in db.items(from_key=prefix):
+        if not key.startswith(prefix) or len(out) >= limit:
+            break
+        if key != table.data.offset_key:
+            out.append((key, value))
     return out
 
 

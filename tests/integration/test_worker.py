@@ -349,6 +349,12 @@ def test_api_run_views(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     status, doc = worker.api("/runs/0123456789abcdef0123456789abcdef", token=TOKEN)
     assert status == 200 and doc["found"] is False and doc["finished"] is False
     assert doc["retention"]["looping_hours"] == 168.0
+    # a run id as the tables print it: its first characters
+    status, doc = worker.api(f"/find?run={looped['run_id'][:12]}", token=TOKEN)
+    assert status == 200 and [m["run_id"] for m in doc["matches"]] == [looped["run_id"]]
+    assert doc["matches"][0]["status"] == "finished"
+    status, doc = worker.api("/find?run=0123", token=TOKEN)
+    assert status == 400 and "8 to 64 hex characters" in doc["error"]
 
 
 def finished_run(worker: WorkerProc, run_id: str, token: str | None = TOKEN) -> dict[str, Any]:
@@ -565,6 +571,13 @@ def test_two_workers_split_partitions_and_answer_for_each_other(
             for run_id in open_runs:  # routed to the owner of the key
                 status, doc = worker.api(f"/runs/{run_id}")
                 assert status == 200 and doc["found"], (worker.web_port, run_id, doc)
+            # a prefix is searched on every worker: the open runs share their first 28
+            # characters, and half of them are the other worker's
+            status, doc = worker.api(f"/find?run={open_runs[0][:28]}")
+            assert status == 200, doc
+            assert [m["run_id"] for m in doc["matches"]] == sorted(open_runs)
+            local = worker.api(f"/find?run={open_runs[0][:28]}&scope=local")[1]["matches"]
+            assert 0 < len(local) < len(open_runs)
             # Each worker sums its own windows and its peer's. The open runs' events are
             # released by ticks, possibly after the corpus's events: wait for exactly them.
             deadline = time.monotonic() + TIMEOUT

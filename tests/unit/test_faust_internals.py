@@ -151,6 +151,14 @@ def test_partition_items_reads_one_partition_in_key_order_from_a_key(tmp_path: A
     mtable = memory.Table("retained", key_type=bytes, value_type=bytes)
     mtable.data.data.update({b"b": b"2", b"a": b"1", b"c": b"3"})
     assert faust_internals.partition_items(mtable, 0, b"a", 10) == [(b"b", b"2"), (b"c", b"3")]
+    # a prefix: a seek to it, then its keys only (what `query run 773fd730` relies on)
+    assert faust_internals.prefix_items(table, 1, b"run-", 2) == [
+        (b"run-1", b"v1"),
+        (b"run-3", b"v3"),
+    ]
+    assert faust_internals.prefix_items(table, 0, b"run-8", 10) == [(b"run-8", b"v8")]
+    assert faust_internals.prefix_items(table, 0, b"zz", 10) == []
+    assert faust_internals.prefix_items(mtable, 0, b"b", 10) == [(b"b", b"2")]
 
 
 def test_the_consumer_is_read_without_being_created(tmp_path: Any) -> None:

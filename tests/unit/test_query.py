@@ -346,12 +346,71 @@ def test_a_run_neither_in_flight_nor_kept_names_the_retention(
             "retention": {"looping_hours": 168, "clean_hours": 24},
         },
     )
+    api.routes["/find"] = (200, {"run": RUN_ID, "matches": []})
     rc, lines, err = run(capsys, "run", RUN_ID)
     assert rc == 2 and lines == []
     assert err.strip() == (
         f"loopwatch: error: run {RUN_ID} not found: not in flight, and not among the runs "
         "finished in the last 7d (runs without loops: 24h; LOOPWATCH_RUN_RETENTION_HOURS)"
     )
+
+
+MISS = {"found": False, "finished": False, "retention": {"looping_hours": 168, "clean_hours": 24}}
+
+
+def test_a_run_id_prefix_as_the_tables_print_it_finds_the_run(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes[f"/runs/{RUN_ID[:12]}"] = (200, {"run_id": RUN_ID[:12], **MISS})
+    api.routes["/find"] = (
+        200,
+        {"run": RUN_ID[:12], "matches": [{"run_id": RUN_ID, "status": "finished"}]},
+    )
+    api.routes[f"/runs/{RUN_ID}"] = (200, FINISHED)
+    rc, lines, err = run(capsys, "run", RUN_ID[:12])
+    assert (rc, err) == (0, "") and lines[0] == f"run       {RUN_ID}"
+    assert [r[0] for r in api.requests] == [f"/runs/{RUN_ID[:12]}", "/find", f"/runs/{RUN_ID}"]
+    assert api.requests[1][1] == {"run": [RUN_ID[:12]]}
+
+
+def test_an_ambiguous_prefix_lists_the_candidates(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes["/runs/4bf92f35"] = (200, {"run_id": "4bf92f35", **MISS})
+    other = "4bf92f35" + "0" * 24
+    api.routes["/find"] = (
+        200,
+        {
+            "matches": [
+                {"run_id": RUN_ID, "status": "finished", "shapes": ["retry_storm"]},
+                {"run_id": other, "status": "in progress"},
+            ]
+        },
+    )
+    rc, lines, err = run(capsys, "run", "4bf92f35")
+    assert rc == 2 and lines == []
+    assert err.strip() == (
+        f"loopwatch: error: 2 runs start with 4bf92f35: {RUN_ID} (finished, retry_storm); "
+        f"{other} (in progress); give more characters"
+    )
+
+
+def test_no_run_with_the_prefix_names_the_retention(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes["/runs/deadbeef00"] = (200, {"run_id": "deadbeef00", **MISS})
+    api.routes["/find"] = (200, {"matches": [], **MISS})
+    rc, _lines, err = run(capsys, "run", "deadbeef00")
+    assert rc == 2 and "run deadbeef00 not found: not in flight, and not among the runs" in err
+
+
+def test_an_id_that_is_no_prefix_is_not_searched(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes["/runs/conv-7"] = (200, {"run_id": "conv-7", **MISS})
+    rc, _lines, err = run(capsys, "run", "conv-7")
+    assert rc == 2 and "run conv-7 not found" in err
+    assert [r[0] for r in api.requests] == ["/runs/conv-7"]
 
 
 def test_run_id_is_quoted(api: Api, capsys: pytest.CaptureFixture[str]) -> None:

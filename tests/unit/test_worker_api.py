@@ -198,3 +198,42 @@ def test_durations_read_as_people_write_them() -> None:
         "90s",
         "61s",
     ]
+
+
+def test_a_prefix_is_eight_to_64_hex_characters() -> None:
+    from streams.worker.api.answers import parse_prefix
+
+    assert parse_prefix(" 773FD730e9 ") == "773fd730e9"
+    for bad in (None, "", "773fd73", "773fd730-x", "g" * 8, "a" * 65):
+        with pytest.raises(BadRequest, match="expected 8 to 64 hex characters"):
+            parse_prefix(bad)
+
+
+def test_find_runs_in_flight_and_kept_by_prefix() -> None:
+    from streams.worker.api.answers import MAX_MATCHES, find_runs, merge_matches
+    from streams.worker.state.retained import encode
+
+    def scan(table: dict[bytes, bytes], partition: int, prefix: bytes, limit: int) -> list:
+        return sorted((k, v) for k, v in table.items() if k.startswith(prefix))[:limit]
+
+    runs = {b"773fd730aa": b"state", b"11111111bb": b"state"}
+    kept = {
+        b"773fd730cc": encode(
+            {"summary": {"outcome": "complete", "shapes": ["retry_storm"]}}, 0, 9, 5
+        ),
+        b"773fd730aa": encode({"events": []}, 0, 9, 0),  # in flight, with events: in flight
+    }
+    got = find_runs("773fd730", [0, 1], runs, kept, scan)
+    assert got == [
+        {"run_id": "773fd730aa", "status": "in progress"},
+        {
+            "run_id": "773fd730cc",
+            "status": "finished",
+            "finished_at_ns": 5,
+            "outcome": "complete",
+            "shapes": ["retry_storm"],
+        },
+    ]
+    assert find_runs("773fd730", [0], runs, None, scan) == [got[0]]
+    many = merge_matches([[{"run_id": f"{i:08x}"} for i in range(30)], got])
+    assert len(many) == MAX_MATCHES and many[0]["run_id"] == "00000000"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from alerts.events import event_id
@@ -159,6 +159,61 @@ def retained_view(
     elif summary.get("trace_url"):
         doc["trace_url"] = summary["trace_url"]
     return doc
+
+
+MIN_PREFIX = 8  # hex characters: what every table prints of a run id
+MAX_MATCHES = 20
+_HEX = frozenset("0123456789abcdef")
+
+
+def parse_prefix(text: str | None) -> str:
+    """`run=` of GET /find: at least MIN_PREFIX lowercase hex characters."""
+    value = (text or "").strip().lower()
+    if len(value) < MIN_PREFIX or len(value) > 64 or not set(value) <= _HEX:
+        raise BadRequest(f"run {text!r}: expected {MIN_PREFIX} to 64 hex characters of a run id")
+    return value
+
+
+def find_runs(
+    prefix: str,
+    partitions: Iterable[int],
+    runs: Any,
+    retained_table: Any,
+    scan: Callable[[Any, int, bytes, int], list[tuple[bytes, bytes]]],
+) -> list[dict[str, Any]]:
+    """The runs of these partitions whose id starts with `prefix`: in flight (the runs
+    table) or finished and kept (the retained table), at most MAX_MATCHES."""
+    key = prefix.encode()
+    found: dict[str, dict[str, Any]] = {}
+    for partition in sorted(partitions):
+        for k, _raw in scan(runs, partition, key, MAX_MATCHES):
+            found.setdefault(k.decode("utf-8", "replace"), {"status": "in progress"})
+        if retained_table is None:
+            continue
+        for k, raw in scan(retained_table, partition, key, MAX_MATCHES):
+            run_id = k.decode("utf-8", "replace")
+            try:
+                _expires, finished_ns, _p = retained.header(raw)
+            except ValueError:
+                continue
+            if finished_ns and run_id not in found:
+                summary = retained.decode(raw).get("summary") or {}
+                found[run_id] = {
+                    "status": "finished",
+                    "finished_at_ns": finished_ns,
+                    "outcome": summary.get("outcome"),
+                    "shapes": summary.get("shapes", []),
+                }
+    return [{"run_id": r, **found[r]} for r in sorted(found)][:MAX_MATCHES]
+
+
+def merge_matches(docs: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    by_id: dict[str, dict[str, Any]] = {}
+    for matches in docs:
+        for match in matches:
+            if isinstance(match, dict) and isinstance(match.get("run_id"), str):
+                by_id.setdefault(match["run_id"], match)
+    return [by_id[r] for r in sorted(by_id)][:MAX_MATCHES]
 
 
 def check_bearer(header: str | None, token: str | None) -> bool:

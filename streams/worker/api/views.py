@@ -11,12 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 from alerts.trace_links import TraceLinks
+from streams.worker import faust_internals
 from streams.worker.api.answers import (
     BadRequest,
     PeerError,
     check_bearer,
+    find_runs,
+    merge_matches,
     merge_rows,
     parse_by,
+    parse_prefix,
     parse_since,
     retained_view,
     run_view,
@@ -44,6 +48,7 @@ class Views:
         api_token: str | None,
         health: Callable[[], dict[str, Any]],
         links: TraceLinks | None = None,
+        partitions: Callable[[], set[int]] = set,
     ) -> None:
         self.app = app
         self.runs = runs
@@ -55,6 +60,7 @@ class Views:
         self.api_token = api_token
         self.health = health
         self.links = links
+        self.partitions = partitions  # the table partitions this worker owns
 
     def wire(self) -> None:
         app = self.app
@@ -135,28 +141,63 @@ class Views:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
             return view.json({**covered, "rows": rows})
 
+        async def find_page(view: Any, request: Any) -> Any:
+            """GET /find?run=PREFIX: the runs whose id starts with PREFIX, on every worker."""
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                prefix = parse_prefix(request.query.get("run"))
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            matches = find_runs(
+                prefix,
+                views.partitions(),
+                views.runs,
+                views.retained if views.retention is not None else None,
+                faust_internals.prefix_items,
+            )
+            try:
+                docs = await views.peer_docs(request)
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            merged = merge_matches([matches, *(d.get("matches", []) for d in docs)])
+            doc: dict[str, Any] = {"run": prefix, "matches": merged}
+            if views.retention is not None:
+                doc["retention"] = retention_doc(views.retention)
+            return view.json(doc)
+
         app.page("/healthz")(healthz)
         app.page("/readyz")(healthz)
         app.page("/livez")(livez)
         app.page("/runs/{run_id}")(run_page)
         app.page("/loops")(loops_page)
+        app.page("/find")(find_page)
         app.page("/runs")(runs_page)
 
     async def gather_peers(
         self, request: Any, rows: list[dict[str, Any]], by: list[str], value_name: str
     ) -> list[dict[str, Any]]:
         """Each worker holds the aggregates of its partitions: ask the others and sum."""
-        if request.query.get("scope") == "local":
+        docs = await self.peer_docs(request)
+        if not docs:
             return rows
+        all_rows = list(rows)
+        for data in docs:
+            all_rows.extend(data.get("rows", []))
+        return merge_rows(all_rows, by, value_name)
+
+    async def peer_docs(self, request: Any) -> list[dict[str, Any]]:
+        """The same request's answer from every other worker (`scope=local`: its own
+        partitions only); [] when this is such a request or there are no others."""
+        if request.query.get("scope") == "local":
+            return []
         try:
             hosts = set(self.app.router.tables_metadata())
         except Exception:
-            return rows
+            return []
         me = str(self.app.conf.canonical_url).rstrip("/")
         peers = [h for h in hosts if str(h).rstrip("/") != me]
-        if not peers:
-            return rows
-        all_rows = list(rows)
+        docs: list[dict[str, Any]] = []
         headers = {}
         if auth := request.headers.get("Authorization"):
             headers["Authorization"] = auth
@@ -172,8 +213,8 @@ class Views:
                 raise
             except Exception as exc:
                 raise PeerError(f"worker {host} did not answer ({type(exc).__name__})") from None
-            all_rows.extend(data.get("rows", []))
-        return merge_rows(all_rows, by, value_name)
+            docs.append(data)
+        return docs
 
 
 def _host_of(url: Any) -> str:
