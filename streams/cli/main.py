@@ -117,8 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("query", help="ask the on-call API: runs, loops, run RUN_ID")
     p.add_argument("what", choices=["runs", "loops", "run"])
-    p.add_argument("run_id", nargs="?")
+    p.add_argument("run_id", nargs="?", help="run: a run id or its first 8+ hex characters")
     p.add_argument("--by", default="shape,prompt_version,tool_version")
+    for flag, label in (
+        ("--shape", "shape"),
+        ("--prompt-version", "prompt_version"),
+        ("--tool", "tool_name"),
+        ("--tool-version", "tool_version"),
+    ):
+        p.add_argument(flag, dest=f"where_{label}", metavar="VALUE", help=f"loops: only {label}")
     p.add_argument("--since", default="1h")
     p.add_argument(
         "--url",

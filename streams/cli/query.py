@@ -32,7 +32,6 @@ from streams.cli.render import Block, table, write
 from streams.worker.api import params as api_params
 
 __all__ = [
-    "BY_LABELS",
     "DEFAULT_API",
     "ApiClient",
     "cmd_query",
@@ -44,7 +43,6 @@ __all__ = [
 ]
 
 DEFAULT_API = "http://127.0.0.1:6066"
-BY_LABELS = api_params.LOOP_LABELS
 DIGEST_CHARS = 12  # fingerprints/digests are shortened in tables (--json has them whole)
 MAX_CELL = 60
 
@@ -274,11 +272,36 @@ def covered(doc: Any, asked: str) -> str:
     return asked
 
 
-def render_loops(doc: Any, by: Sequence[str], since: str) -> list[Block]:
+FILTER_FLAGS = {
+    "shape": "--shape",
+    "prompt_version": "--prompt-version",
+    "tool_name": "--tool",
+    "tool_version": "--tool-version",
+}
+
+
+def parse_where(args: argparse.Namespace) -> dict[str, str]:
+    """The label filters given (`--shape`, `--prompt-version`, `--tool`, `--tool-version`)."""
+    where = {}
+    for label, flag in FILTER_FLAGS.items():
+        value = getattr(args, f"where_{label}", None)
+        if value is not None:
+            try:
+                where[label] = api_params.parse_filter(label, value)
+            except api_params.ParamError as exc:
+                raise LoopwatchError(exc.named(flag)) from None
+    return where
+
+
+def render_loops(
+    doc: Any, by: Sequence[str], since: str, where: Mapping[str, str] | None = None
+) -> list[Block]:
     """GET /loops answer -> table lines, groups with most events first."""
     rows = _rows(doc, "loops")
     labels = doc.get("by") if isinstance(doc.get("by"), list) else list(by)
     since = covered(doc, since)
+    if where:
+        since += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
     if not rows:
         return [f"no loop events in the last {since}"]
     ordered = sorted(
@@ -497,6 +520,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise LoopwatchError(f"`loopwatch query {what}` takes no RUN_ID (did you mean `run`?)")
     since = parse_since(args.since) if what != "run" else ""
     by = parse_by(args.by) if what == "loops" else []
+    where = parse_where(args)
+    if where and what != "loops":
+        raise LoopwatchError(f"`loopwatch query {what}` takes no label filter (they are for loops)")
     timeout = float(getattr(args, "timeout", None) or 10.0)
     if timeout <= 0:
         raise LoopwatchError("--timeout must be positive")
@@ -506,7 +532,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         path = "/runs/" + urllib.parse.quote(run_id, safe="")
         params: dict[str, str] = {}
     elif what == "loops":
-        path, params = "/loops", {"by": ",".join(by), "since": since}
+        path, params = "/loops", {"by": ",".join(by), "since": since, **where}
     else:
         path, params = "/runs", {"since": since}
     try:
@@ -532,7 +558,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         _print_json(body)
         return 0
     if what == "loops":
-        lines = render_loops(doc, by, since)
+        lines = render_loops(doc, by, since, where)
     elif what == "runs":
         lines = render_runs(doc, since)
     else:

@@ -390,6 +390,12 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     assert status == 200 and doc["since"] == "30m"
     assert all(set(r) == {"prompt_version", "shape", "events"} for r in doc["rows"])
 
+    status, doc = worker.api("/loops?by=tool_name&shape=identical_repetition", token=TOKEN)
+    want = Counter(e["tool_name"] for e in corpus.events if e["shape"] == "identical_repetition")
+    want["lookup_order"] += 1  # the run left open
+    assert status == 200 and doc["where"] == {"shape": "identical_repetition"}
+    assert {r["tool_name"]: r["events"] for r in doc["rows"]} == dict(want)
+
     status, doc = worker.api("/loops?by=shape&since=7d", token=TOKEN)
     assert (status, doc["since"], doc["covers"], doc["kept"]) == (200, "7d", "24h", "24h")
     assert sum(r["events"] for r in doc["rows"]) == len(corpus.events) + 1
@@ -416,6 +422,9 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
         "/loops?since=0h",
         "/runs?since=abc",
         "/runs?since=-1h",
+        "/loops?shape=spinning",
+        "/loops?tool_name=",
+        "/find?run=0123",
     ],
 )
 def test_api_bad_parameters_are_400(keyed_worker: dict[str, Any], path: str) -> None:

@@ -47,4 +47,4 @@ def test_both_ends_reject_the_same_labels(text: str) -> None:
 
 def test_both_ends_read_labels_alike() -> None:
     assert query.parse_by(" tool_version, shape") == api.parse_by(" tool_version, shape")
-    assert api.parse_by(None) == list(query.BY_LABELS)
+    assert api.parse_by(None) == query.parse_by("shape,prompt_version,tool_version")

@@ -222,6 +222,53 @@ def test_a_window_longer_than_the_counters_keep_says_so(
     assert lines == ["no finished runs in the last 24h (asked for 7d; the counters keep 24h)"]
 
 
+def test_loops_of_one_slice_send_the_label_filters(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes["/loops"] = (
+        200,
+        {"by": ["tool_version"], "since": "1h", "rows": [{"tool_version": "3", "events": 5}]},
+    )
+    rc, lines, _ = run(
+        capsys,
+        "loops",
+        "--by",
+        "tool_version",
+        "--shape",
+        "retry_storm",
+        "--prompt-version",
+        "support-v12",
+        "--tool",
+        "lookup_order",
+    )
+    assert rc == 0
+    assert lines[-1] == (
+        "5 loop events in the last 1h where shape=retry_storm, prompt_version=support-v12, "
+        "tool_name=lookup_order"
+    )
+    assert api.requests[0][1] == {
+        "by": ["tool_version"],
+        "since": ["1h"],
+        "shape": ["retry_storm"],
+        "prompt_version": ["support-v12"],
+        "tool_name": ["lookup_order"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("loops", "--shape", "spinning"), "--shape: unknown shape 'spinning'; shapes: "),
+        (("runs", "--tool", "x"), "`loopwatch query runs` takes no label filter"),
+    ],
+)
+def test_bad_label_filters_are_one_line_before_any_request(
+    api: Api, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str
+) -> None:
+    rc, _lines, err = run(capsys, *argv)
+    assert rc == 2 and message in err and api.requests == []
+
+
 def test_loops_empty(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     api.routes["/loops"] = (200, {"by": ["shape"], "since": "30m", "rows": []})
     rc, lines, _ = run(capsys, "loops", "--by", "shape", "--since", "30m")
@@ -526,8 +573,14 @@ def test_bad_since_rejected_before_any_request(
 @pytest.mark.parametrize(
     ("by", "message"),
     [
-        ("shape,foo", "--by: unknown label 'foo'; labels: shape, prompt_version, tool_version"),
-        ("run_id", "--by: unknown label 'run_id'; labels: shape, prompt_version, tool_version"),
+        (
+            "shape,foo",
+            "--by: unknown label 'foo'; labels: shape, prompt_version, tool_name, tool_version",
+        ),
+        (
+            "run_id",
+            "--by: unknown label 'run_id'; labels: shape, prompt_version, tool_name, tool_version",
+        ),
         ("shape,shape", "--by: label 'shape' given twice"),
         ("shape,,tool_version", "--by 'shape,,tool_version': expected comma-separated labels"),
         ("", "--by '': expected comma-separated labels"),

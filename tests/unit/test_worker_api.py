@@ -41,12 +41,52 @@ def test_parse_since_rejects(text: str) -> None:
 
 
 def test_parse_by() -> None:
-    assert parse_by(None) == list(LOOP_LABELS)
+    assert parse_by(None) == ["shape", "prompt_version", "tool_version"]
+    assert parse_by("tool_name") == ["tool_name"]
     assert parse_by("shape") == ["shape"]
     assert parse_by("tool_version, shape") == ["tool_version", "shape"]
     for bad in ("", "shape,", "colour", "shape,shape", "shape,,tool_version"):
         with pytest.raises(BadRequest):
             parse_by(bad)
+
+
+def test_sum_windows_filters_by_label_and_reads_counts_from_before_tool_name() -> None:
+    now = 10_000.0
+    raw = items(
+        (("retry_storm", "v2", "search_kb", None), 0, now, 4),
+        (("retry_storm", "v3", "search_kb", "2"), 0, now, 1),
+        (("identical_repetition", None, "lookup_order", "3"), 0, now, 2),
+        (("retry_storm", "v2", None), 0, now, 7),  # a key written before tool_name was a label
+    )
+    assert sum_windows(
+        raw, LOOP_LABELS, ["prompt_version"], 3600, now, "events", {"shape": "retry_storm"}
+    ) == [
+        {"prompt_version": "v2", "events": 11},
+        {"prompt_version": "v3", "events": 1},
+    ]
+    assert sum_windows(
+        raw, LOOP_LABELS, ["tool_name"], 3600, now, "events", {"tool_version": "unknown"}
+    ) == [
+        {"tool_name": None, "events": 7},
+        {"tool_name": "search_kb", "events": 4},
+    ]
+    unknown_prompt = {"prompt_version": "unknown", "tool_name": "lookup_order"}
+    assert sum_windows(raw, LOOP_LABELS, ["shape"], 3600, now, "events", unknown_prompt) == [
+        {"shape": "identical_repetition", "events": 2}
+    ]
+
+
+def test_label_filters_are_checked() -> None:
+    from streams.worker.api.answers import parse_filters
+
+    assert parse_filters({"shape": " retry_storm ", "tool_name": "lookup_order", "x": "y"}) == {
+        "shape": "retry_storm",
+        "tool_name": "lookup_order",
+    }
+    with pytest.raises(BadRequest, match="shape: unknown shape 'spin'"):
+        parse_filters({"shape": "spin"})
+    with pytest.raises(BadRequest, match="prompt_version ' ': expected a value of 1 to 256"):
+        parse_filters({"prompt_version": " "})
 
 
 def items(*rows: tuple[tuple[object, ...], int, float, int]) -> list[tuple[object, int]]:
@@ -57,10 +97,11 @@ def items(*rows: tuple[tuple[object, ...], int, float, int]) -> list[tuple[objec
 def test_sum_windows_groups_and_filters_by_time() -> None:
     now = 10_000.0
     raw = items(
-        (("identical_repetition", "v1", "3"), 0, now, 2),
-        (("identical_repetition", "v1", "3"), 1, now - 120, 1),  # another partition, same labels
-        (("retry_storm", "v2", None), 0, now - 30, 4),
-        (("identical_repetition", "v1", "3"), 0, now - 7200, 50),  # older than since
+        (("identical_repetition", "v1", "lookup_order", "3"), 0, now, 2),
+        # another partition, same labels
+        (("identical_repetition", "v1", "lookup_order", "3"), 1, now - 120, 1),
+        (("retry_storm", "v2", "search_kb", None), 0, now - 30, 4),
+        (("identical_repetition", "v1", "lookup_order", "3"), 0, now - 7200, 50),  # too old
     )
     rows = sum_windows(raw, LOOP_LABELS, ["shape"], 3600, now, "events")
     assert rows == [
@@ -71,6 +112,7 @@ def test_sum_windows_groups_and_filters_by_time() -> None:
     assert {
         "shape": "retry_storm",
         "prompt_version": "v2",
+        "tool_name": "search_kb",
         "tool_version": None,
         "events": 4,
     } in rows

@@ -27,7 +27,7 @@ class Counting:
 
         def count_loop(partition: int, ev: dict[str, Any], prompt_version: Any) -> None:
             m.observe_event({**ev, "prompt_version": prompt_version})
-            labels = (ev["shape"], prompt_version, ev["tool_version"])
+            labels = (ev["shape"], prompt_version, ev.get("tool_name"), ev["tool_version"])
             group = (partition, aggregate_key(labels, partition))
             loops[group] = loops.get(group, 0) + 1
 

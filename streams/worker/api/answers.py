@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from alerts.events import event_id
 from alerts.trace_links import TraceLinks
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
 from streams.worker.api import params as api_params
-from streams.worker.api.params import DEFAULT_SINCE, LOOP_LABELS
+from streams.worker.api.params import DEFAULT_LOOP_BY, DEFAULT_SINCE, LOOP_LABELS
 from streams.worker.state import retained
 from streams.worker.state.retained import Retention
 from streams.worker.state.store import decode_envelope
@@ -54,11 +54,24 @@ def window(since: str, seconds: int, kept_seconds: int) -> tuple[dict[str, str],
 def parse_by(text: str | None) -> list[str]:
     """`by=` (streams/worker/api/params.py; default every label of /loops)."""
     if text is None:
-        return list(LOOP_LABELS)
+        return list(DEFAULT_LOOP_BY)
     try:
         return api_params.parse_by(text)
     except api_params.ParamError as exc:
         raise BadRequest(exc.named("by")) from None
+
+
+def parse_filters(query: Mapping[str, str]) -> dict[str, str]:
+    """The label filters of GET /loops (`shape=`, `prompt_version=`, `tool_name=`,
+    `tool_version=`)."""
+    filters = {}
+    for label in LOOP_LABELS:
+        if label in query:
+            try:
+                filters[label] = api_params.parse_filter(label, query[label])
+            except api_params.ParamError as exc:
+                raise BadRequest(exc.named(label)) from None
+    return filters
 
 
 def sum_windows(
@@ -68,12 +81,21 @@ def sum_windows(
     since_seconds: int,
     now: float,
     value_name: str,
+    where: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Counts of the windows that ended within `since_seconds`, grouped by `by`; `where`:
+    only the counts whose labels have these values (`unknown` matches none)."""
     cutoff = now - since_seconds
     totals: dict[tuple[Any, ...], int] = {}
     positions = [names.index(label) for label in by]
+    tests = [(names.index(label), want) for label, want in (where or {}).items()]
     for labels, end, count in iter_window_counts(items):
+        if len(labels) == 3 and names == LOOP_LABELS:
+            # written before tool_name was a label (a day of counts at most): no tool name
+            labels = [labels[0], labels[1], None, labels[2]]
         if end < cutoff or len(labels) != len(names):
+            continue
+        if any((labels[i] if labels[i] is not None else "unknown") != want for i, want in tests):
             continue
         group = tuple(labels[i] for i in positions)
         totals[group] = totals.get(group, 0) + count

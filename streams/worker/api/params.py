@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-LOOP_LABELS = ("shape", "prompt_version", "tool_version")  # /loops rows, in this order
+LOOP_LABELS = ("shape", "prompt_version", "tool_name", "tool_version")  # /loops labels, in order
+DEFAULT_LOOP_BY = ("shape", "prompt_version", "tool_version")  # /loops rows without by=
 RUN_LABELS = ("prompt_version", "outcome", "termination_reason")  # /runs rows
 DEFAULT_SINCE = "1h"
 MAX_SINCE_SECONDS = 366 * 86400
@@ -48,6 +49,25 @@ def duration_text(seconds: int) -> str:
         if seconds % size == 0 and seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+MAX_FILTER_CHARS = 256
+
+
+def parse_filter(label: str, text: str) -> str:
+    """One `label=value` filter of /loops (`--shape`, `--prompt-version`, `--tool`,
+    `--tool-version`): a value as the events carry it, `unknown` for none; a shape must be
+    one loopwatch detects."""
+    from alerts.events import SHAPES
+
+    value = text.strip()
+    if not value or len(value) > MAX_FILTER_CHARS:
+        raise ParamError(
+            f"{{name}} {text!r}: expected a value of 1 to {MAX_FILTER_CHARS} characters"
+        )
+    if label == "shape" and value not in SHAPES:
+        raise ParamError(f"{{name}}: unknown shape {value!r}; shapes: {', '.join(SHAPES)}")
+    return value
 
 
 def parse_by(text: str, labels: tuple[str, ...] = LOOP_LABELS) -> list[str]:

@@ -20,6 +20,7 @@ from streams.worker.api.answers import (
     merge_matches,
     merge_rows,
     parse_by,
+    parse_filters,
     parse_prefix,
     parse_since,
     retained_view,
@@ -111,17 +112,24 @@ class Views:
             try:
                 by = parse_by(request.query.get("by"))
                 since, seconds = parse_since(request.query.get("since"))
+                where = parse_filters(request.query)
             except BadRequest as exc:
                 return view.json({"error": str(exc)}, status=400)
             covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
             rows = sum_windows(
-                views.loop_counts.items(), LOOP_LABELS, by, seconds, time.time(), "events"
+                views.loop_counts.items(),
+                LOOP_LABELS,
+                by,
+                seconds,
+                time.time(),
+                "events",
+                where,
             )
             try:
                 rows = await views.gather_peers(request, rows, by, "events")
             except PeerError as exc:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return view.json({"by": by, **covered, "rows": rows})
+            return view.json({"by": by, "where": where, **covered, "rows": rows})
 
         async def runs_page(view: Any, request: Any) -> Any:
             if (resp := denied(view, request)) is not None:
