@@ -1,0 +1,73 @@
+"""Every alert's `query` annotation is a command that runs as written once Prometheus fills
+in the alert's labels: it parses, passes loopwatch's checks, and asks the on-call API for
+the alert's own slice (the label filters carry the labels)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streams.cli import query
+from streams.cli.main import main
+
+RULES = Path(__file__).resolve().parents[2] / "alerts" / "rules" / "loopwatch.rules.yml"
+LABELS = {
+    "shape": "retry_storm",
+    "prompt_version": "support-v12",
+    "tool_name": "get_export_status",
+    "tool_version": "3",
+    "instance": "worker-0:9464",
+    "topic": "otlp_spans",
+    "stage": "detect",
+    "reason": "decode_error",
+}
+
+
+def alerts() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [r for g in groups for r in g["rules"] if "alert" in r]
+
+
+def render(template: str) -> str:
+    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: LABELS[m.group(1)], template)
+
+
+@pytest.mark.parametrize(
+    "rule", alerts(), ids=[f"{r['alert']}-{i}" for i, r in enumerate(alerts())]
+)
+def test_the_query_annotation_runs_as_written(
+    rule: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = shlex.split(render(rule["annotations"]["query"]))
+    assert argv[:2] == ["loopwatch", "query"]
+    asked: list[tuple[str, dict[str, str]]] = []
+
+    def get(self: Any, path: str, params: Any = None) -> tuple[int, bytes, Any]:
+        asked.append((path, dict(params or {})))
+        return 200, b"{}", {"rows": [], "by": [], "since": "1h"}
+
+    monkeypatch.setattr(query.ApiClient, "get", get)
+    assert main(argv[1:]) == 0, capsys.readouterr().err
+    [(path, params)] = asked
+    expr = rule["expr"]
+    if path == "/loops":  # a loop alert asks for its own slice
+        for label in ("shape", "prompt_version", "tool_name"):
+            if "shape_prompt_version_tool:" in expr or "sum by (shape" in expr:
+                assert params[label] == LABELS[label], (rule["alert"], label)
+        assert params["prompt_version"] == LABELS["prompt_version"]
+
+
+def test_loop_alerts_ask_for_loops() -> None:
+    loop_alerts = [
+        r
+        for r in alerts()
+        if r["alert"] in {"LoopRateHigh", "LoopRateSurge", "DuplicateSideEffect"}
+    ]
+    assert loop_alerts
+    for rule in loop_alerts:
+        assert rule["annotations"]["query"].startswith("loopwatch query loops "), rule["alert"]
