@@ -414,7 +414,39 @@ def render_finished_run(doc: dict[str, Any]) -> list[Block]:
         steps.sort(key=lambda s: _count(s.get("position")))
         lines.append(f"last tool steps ({len(steps)})")
         lines.append(_item_table(steps, TIMELINE_COLUMNS))
+    lines += render_side_effects(doc)
     return lines
+
+
+SIDE_EFFECT_COLUMNS = (
+    "at",
+    "tool",
+    "business",
+    "idempotency_key",
+    "outcome",
+    "reconciled",
+    "committed_before_first_loop",
+    "span_id",
+)
+
+
+def render_side_effects(doc: dict[str, Any]) -> list[Block]:
+    """The run's side-effect calls: did a refund already go out, before the loop?"""
+    calls = [c for c in doc.get("side_effects") or [] if isinstance(c, dict)]
+    if not calls:
+        return []
+    rows = [{**c, "at": _clock(c.get("end_ns"))} for c in calls]
+    committed = sum(1 for c in calls if c.get("committed_before_first_loop"))
+    head = f"side effects ({len(calls)})"
+    if committed:
+        head += f": {committed} committed before the first loop event"
+    return [head, _item_table(rows, SIDE_EFFECT_COLUMNS)]
+
+
+def _clock(ns: Any) -> str:
+    if not isinstance(ns, int) or ns <= 0:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%H:%M:%S")
 
 
 def _kept_until(ns: Any) -> str:
@@ -497,6 +529,7 @@ def render_run(doc: Any) -> list[Block]:
     lines.append(f"findings ({len(findings)})")
     if findings:
         lines.append(_item_table(findings, _columns(findings, FINDING_COLUMNS)))
+    lines += render_side_effects(doc)
     return lines
 
 

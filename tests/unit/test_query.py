@@ -379,6 +379,56 @@ def test_a_finished_run_shows_its_summary_events_and_last_steps(
     assert [line.split()[0] for line in steps] == ["1", "2", "3"]
 
 
+def test_a_finished_run_shows_whether_a_refund_went_out_before_its_loop(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = [
+        {
+            "tool": "issue_refund",
+            "span_id": "00f067aa0ba902b1",
+            "end_ns": 1_796_300_000_000_000_000,
+            "business": "5e884898da28",
+            "idempotency_key": "new",
+            "outcome": "ok",
+            "reconciled": False,
+            "committed_before_first_loop": True,
+        },
+        {
+            "tool": "issue_refund",
+            "span_id": "00f067aa0ba902b5",
+            "end_ns": 1_796_300_060_000_000_000,
+            "business": "5e884898da28",
+            "idempotency_key": "missing",
+            "outcome": "ok",
+            "reconciled": False,
+            "committed_before_first_loop": False,
+        },
+    ]
+    api.routes[f"/runs/{RUN_ID}"] = (200, {**FINISHED, "side_effects": calls})
+    rc, lines, _ = run(capsys, "run", RUN_ID)
+    assert rc == 0
+    at = lines.index("side effects (2): 1 committed before the first loop event")
+    assert lines[at + 1].split() == [
+        "at",
+        "tool",
+        "business",
+        "idempotency_key",
+        "outcome",
+        "reconciled",
+        "committed_before_first_loop",
+        "span_id",
+    ]
+    assert lines[at + 3].split()[:7] == [
+        "12:13:20",
+        "issue_refund",
+        "5e884898da28",
+        "new",
+        "ok",
+        "no",
+        "yes",
+    ]
+
+
 def test_a_run_neither_in_flight_nor_kept_names_the_retention(
     api: Api, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -759,3 +759,42 @@ def test_the_sweep_takes_a_partition_a_slice_at_a_time() -> None:
     assert sum(deleted) == 30 and len(table) == 70  # the even keys below 60 are gone
     assert all(int(k[4:]) % 2 or int(k[4:]) >= 60 for k in table)
     assert store.sweep_after[0] is None  # past the end: the next slice starts again
+
+
+def test_the_side_effect_ledger_says_whether_a_refund_went_out_before_the_loop() -> None:
+    """A refund, then a loop, then the same refund with another key, then a reconcile call:
+    the kept run lists both refunds, their keys, outcomes, the reconcile and which one
+    committed before the first loop event."""
+    from streams.worker.api.answers import retained_view
+    from streams.worker.state.retained import Retention
+
+    worker = retaining_worker()
+    run = Run(trace=95, prompt_version="v7")
+    run.tool(
+        "issue_refund", {"order_id": "A1", "amount": 10, "idempotency_key": "k-1"}, {"ok": True}
+    )
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "refunded"})
+    run.tool(
+        "issue_refund", {"order_id": "A1", "amount": 10, "idempotency_key": "k-2"}, {"ok": True}
+    )
+    run.tool("issue_refund", {"order_id": "A1", "amount": 10}, {"ok": False, "code": "timeout"})
+    run.tool("get_refund_status", {"order_id": "A1"}, {"status": "done"})
+    run.root()
+    worker.feed(encode_request(run.spans[:4]))
+    worker.advance(0.1)
+    worker.feed(encode_request(run.spans[4:]))
+    worker.advance(10)
+    shapes = {e["shape"] for e in worker.events}
+    assert {"identical_repetition", "duplicate_side_effect"} <= shapes
+    doc = retained_view(
+        run.trace_id, worker.retained[run.trace_id.encode()], Retention.hours(168, 24)
+    )
+    calls = doc["side_effects"]
+    assert [c["tool"] for c in calls] == ["issue_refund"] * 3
+    assert [c["idempotency_key"] for c in calls] == ["new", "new", "missing"]
+    assert [c["outcome"] for c in calls] == ["ok", "ok", "ambiguous"]
+    assert [c["committed_before_first_loop"] for c in calls] == [True, False, False]
+    assert all(c["reconciled"] for c in calls)  # get_refund_status came after each
+    assert len({c["business"] for c in calls}) == 1  # one order
+    assert "A1" not in json.dumps(doc) and "k-1" not in json.dumps(doc)

@@ -192,7 +192,12 @@ class RunDriver:
         out = Outputs()
         self.store.bind(runs, finished, retained)
         self.loop.apply(partition, run_id, batches, now_ns, out)
-        self.retain(partition, out, now_ns)
+        calls = (
+            records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
+            if self.retention is not None and self.policy.tools
+            else []
+        )
+        self.retain(partition, out, now_ns, {run_id: calls} if calls else None)
         return out
 
     def tick(
@@ -215,11 +220,18 @@ class RunDriver:
             self.store.sweep_retained(partition, now_ns, SWEEP_BATCH)
         return out
 
-    def retain(self, partition: int, out: Outputs, now_ns: int) -> None:
+    def retain(
+        self,
+        partition: int,
+        out: Outputs,
+        now_ns: int,
+        calls: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
         """Keep what on-call may ask about these runs later: the events of a run that
-        looped as they fire, and its summary (and step timeline) when it finishes."""
+        looped as they fire, its side-effect calls, and its summary (and step timeline)
+        when it finishes."""
         retention = self.retention
-        if retention is None or not (out.events or out.summaries):
+        if retention is None or not (out.events or out.summaries or calls):
             return
         self.sweep_partitions.add(partition)
         events: dict[str, list[dict[str, Any]]] = {}
@@ -227,18 +239,25 @@ class RunDriver:
             events.setdefault(event["run_id"], []).append(event)
         summaries = {s["run_id"]: s for s in out.summaries}
         store = self.store
-        for run_id in {**events, **summaries}:
+        for run_id in {**events, **summaries, **(calls or {})}:
             key = run_id.encode("utf-8")
             raw = store.load_retained(key)
             body = records.decode(raw) if raw is not None else {}
             if run_id in events:
                 records.add_events(body, events[run_id])
+            if calls and run_id in calls:
+                records.add_calls(body, calls[run_id])
             summary = summaries.get(run_id)
-            if summary is None:  # in flight: kept at least as long as a looping run
+            if summary is None:
+                # in flight: kept at least as long as a looping run; a call that came after
+                # the run finished (counted, not fed) keeps the finished record's times
+                expires, finished = now_ns + retention.looping_ns, 0
+                if raw is not None:
+                    kept_until, finished_ns, _p = records.header(raw)
+                    if finished_ns:
+                        expires, finished = kept_until, finished_ns
                 store.put_retained(
-                    partition,
-                    key,
-                    records.encode(body, partition, now_ns + retention.looping_ns, 0),
+                    partition, key, records.encode(body, partition, expires, finished)
                 )
                 continue
             records.finish(body, summary, store.finishing.get(run_id))

@@ -30,6 +30,7 @@ from streams.worker.api.answers import (
 )
 from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
 from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS
+from streams.worker.state import retained
 from streams.worker.state.retained import Retention, retention_doc
 
 
@@ -95,6 +96,9 @@ class Views:
             doc = run_view(run_id, raw, finished, views.links)
             if views.retention is not None:
                 doc["retention"] = retention_doc(views.retention)
+                kept = views.retained.get(key) if raw is not None else None
+                if kept is not None:  # in flight: its side-effect calls so far
+                    doc["side_effects"] = retained.side_effects(retained.decode(kept))
             return view.json(doc)
 
         routed_run = app.table_route(table=self.runs, match_info="run_id")(local_run)

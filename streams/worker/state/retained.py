@@ -2,10 +2,12 @@
 `loopwatch query run ID` answers for a run minutes or days after it finished, after
 restarts and rebalances too (the table has a changelog like the others).
 
-A record is written when a run's loop fires (its events so far) and when the run finishes
-(its summary, and for a run that looped the last tool steps the detectors kept: the step
-timeline). A clean run keeps its summary only, and for a shorter time: at a million runs a
-day, summaries of clean runs are most of the bytes.
+A record is written when a run's loop fires (its events so far), when it calls a tool the
+policy marks `side_effect` or such a tool's `reconcile_tool` (the side-effect ledger: did
+a refund already go out, with which idempotency key), and when the run finishes (its
+summary, and for a run that looped the last tool steps the detectors kept: the step
+timeline). A clean run keeps its summary and its ledger only, and for a shorter time: at a
+million runs a day, summaries of clean runs are most of the bytes.
 
 Value: a fixed 19-byte header, then zlib-compressed JSON::
 
@@ -20,9 +22,13 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from detectors.model import TOOL, Step
+from detectors.policy import Policy
 from detectors.state import (
     WIN_ACTION,
     WIN_CALL,
@@ -40,6 +46,7 @@ NS = 1_000_000_000
 _HEAD = struct.Struct(">cqqH")
 MAGIC = b"R"
 MAX_EVENTS = 64  # events kept per run (the first ones: where the loop began)
+MAX_LEDGER = 32  # side-effect and reconcile calls kept per run
 FP_CHARS = 12  # fingerprint prefixes in the timeline
 
 EVENT_FIELDS = (
@@ -110,6 +117,105 @@ def add_events(body: dict[str, Any], events: list[dict[str, Any]]) -> None:
             ids.add(event["event_id"])
 
 
+def add_calls(body: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+    """Side-effect and reconcile calls (see `ledger_calls`), once per span."""
+    kept = body.setdefault("ledger", [])
+    spans = {c["span_id"] for c in kept}
+    for call in calls:
+        if call["span_id"] not in spans and len(kept) < MAX_LEDGER:
+            kept.append(call)
+            spans.add(call["span_id"])
+
+
+def ledger_calls(steps: Iterable[Step], policy: Policy) -> list[dict[str, Any]]:
+    """The calls of side-effect tools among `steps` (business identity and idempotency key
+    digests, outcome) and the calls of their reconcile tools."""
+    out = []
+    for step in steps:
+        if step.kind != TOOL:
+            continue
+        contract = policy.tools.get(step.name)
+        if contract is not None and contract.side_effect:
+            code = step.error_code
+            if code is None and not step.status_error:
+                outcome = "ok"
+            elif code is not None and code in policy.ambiguous_error_codes:
+                outcome = "ambiguous"
+            else:
+                outcome = "error"
+            out.append(
+                {
+                    "tool": step.name,
+                    "span_id": step.span_id,
+                    "call_id": step.call_id,
+                    "end_ns": step.end_ns,
+                    "business": (step.business_fp or "")[:FP_CHARS] or None,
+                    "key": (step.idempotency_fp or "")[:FP_CHARS] or None,
+                    "outcome": outcome,
+                    "error_code": code,
+                    "reconcile_tool": contract.reconcile_tool,
+                }
+            )
+        elif step.name in policy.reconcile_tools:
+            out.append(
+                {
+                    "tool": step.name,
+                    "span_id": step.span_id,
+                    "end_ns": step.end_ns,
+                    "reconcile": True,
+                }
+            )
+    return out
+
+
+def side_effects(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The side-effect calls of a run for on-call, in time order: was the idempotency key
+    there, new or reused for the same business object; did a reconcile call follow; did
+    it commit before the run's first loop event (a refund that went out before the loop)."""
+    calls = sorted(body.get("ledger", []), key=lambda c: (c.get("end_ns") or 0, c["span_id"]))
+    first_loop = min((_ns(e.get("detected_at")) for e in body.get("events", [])), default=None)
+    seen_keys: dict[str | None, set[str]] = {}
+    out = []
+    for i, call in enumerate(calls):
+        if call.get("reconcile"):
+            continue
+        key = call.get("key")
+        keys = seen_keys.setdefault(call.get("business"), set())
+        status = "missing" if key is None else ("reused" if key in keys else "new")
+        if key is not None:
+            keys.add(key)
+        later = calls[i + 1 :]
+        reconciled = call.get("reconcile_tool") is not None and any(
+            c.get("reconcile") and c["tool"] == call["reconcile_tool"] for c in later
+        )
+        end = call.get("end_ns") or 0
+        out.append(
+            {
+                "tool": call["tool"],
+                "span_id": call["span_id"],
+                "end_ns": end,
+                "business": call.get("business"),
+                "idempotency_key": status,
+                "outcome": call.get("outcome"),
+                "error_code": call.get("error_code"),
+                "reconciled": reconciled,
+                "committed_before_first_loop": call.get("outcome") == "ok"
+                and first_loop is not None
+                and end <= first_loop,
+            }
+        )
+    return out
+
+
+def _ns(iso: Any) -> int:
+    if not isinstance(iso, str):
+        return 0
+    try:
+        return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * NS)
+    except ValueError:
+        return 0
+
+
 def timeline(state: RunState) -> list[dict[str, Any]]:
     """The last tool steps the detectors kept (the policy's window), oldest first."""
     steps = []
@@ -152,6 +258,7 @@ def view(run_id: str, raw: bytes, retention: Retention) -> dict[str, Any]:
         "summary": body.get("summary"),
         "events": body.get("events", []),
         "timeline": body.get("timeline", []),
+        "side_effects": side_effects(body),
         "retention": retention_doc(retention),
     }
 
