@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("--tool-version", "tool_version"),
     ):
         p.add_argument(flag, dest=f"where_{label}", metavar="VALUE", help=f"loops: only {label}")
+    p.add_argument(
+        "--runs",
+        action="store_true",
+        help="loops: the latest loop episodes of the slice (run, trace, how it ended)",
+    )
+    p.add_argument(
+        "--limit", type=_positive_int, default=20, help="--runs: episodes to list (default 20)"
+    )
     p.add_argument("--since", default="1h")
     p.add_argument(
         "--url",

@@ -316,6 +316,73 @@ def render_loops(
     ]
 
 
+EPISODE_COLUMNS = (
+    "detected",
+    "run",
+    "shape",
+    "tool",
+    "count",
+    "wasted_steps",
+    "wasted_tokens",
+    "run_status",
+    "trace",
+)
+
+
+def unique_prefix(ids: Sequence[str], least: int = 12) -> int:
+    """How many leading characters keep these ids apart (at least `least`)."""
+    distinct = set(ids)
+    for n in range(least, max((len(i) for i in distinct), default=least) + 1):
+        if len({i[:n] for i in distinct}) == len(distinct):
+            return n
+    return max((len(i) for i in distinct), default=least)
+
+
+def render_episodes(doc: Any, since: str, where: Mapping[str, str]) -> list[Block]:
+    """GET /episodes answer -> the runs behind the slice, newest first."""
+    rows = _rows(doc, "episodes")
+    window = covered(doc, since)
+    if where:
+        window += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
+    if not rows:
+        return [f"no loop episodes in the last {window}"]
+    width = unique_prefix([str(r.get("run_id", "")) for r in rows])
+    cells = []
+    for r in rows:
+        status = r.get("run_status") or "-"
+        if status == "finished":
+            status = f"{r.get('outcome') or '-'}/{r.get('termination_reason') or '-'}"
+        tool = r.get("tool_name") or "-"
+        if r.get("tool_version"):
+            tool += f"@{r['tool_version']}"
+        cells.append(
+            [
+                _when(r.get("detected_ns")),
+                str(r.get("run_id", "-"))[:width],
+                _cell(r.get("shape")),
+                tool,
+                _cell(r.get("count")),
+                _cell(r.get("wasted_steps")),
+                _cell(r.get("wasted_tokens")),
+                status,
+                " ".join(str(r.get("trace_url") or r.get("trace_id") or "-").split()),
+            ]
+        )
+    runs = len({r.get("run_id") for r in rows})
+    return [
+        table(list(EPISODE_COLUMNS), cells, {4, 5, 6}),
+        f"{len(rows)} latest loop episode{'s' if len(rows) != 1 else ''} of {runs} "
+        f"run{'s' if runs != 1 else ''} in the last {window}; `loopwatch query run RUN` "
+        "shows one",
+    ]
+
+
+def _when(ns: Any) -> str:
+    if not isinstance(ns, int) or ns <= 0:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%m-%d %H:%M:%S")
+
+
 RUN_COLUMNS = ("prompt_version", "outcome", "termination_reason")
 
 
@@ -556,6 +623,10 @@ def cmd_query(args: argparse.Namespace) -> int:
     where = parse_where(args)
     if where and what != "loops":
         raise LoopwatchError(f"`loopwatch query {what}` takes no label filter (they are for loops)")
+    episodes = bool(getattr(args, "runs", False))
+    if episodes and what != "loops":
+        raise LoopwatchError("--runs lists the runs behind a slice of `loopwatch query loops`")
+    limit = int(getattr(args, "limit", 20) or 20)
     timeout = float(getattr(args, "timeout", None) or 10.0)
     if timeout <= 0:
         raise LoopwatchError("--timeout must be positive")
@@ -564,6 +635,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     if what == "run":
         path = "/runs/" + urllib.parse.quote(run_id, safe="")
         params: dict[str, str] = {}
+    elif what == "loops" and episodes:
+        path, params = "/episodes", {"since": since, "limit": str(limit), **where}
     elif what == "loops":
         path, params = "/loops", {"by": ",".join(by), "since": since, **where}
     else:
@@ -590,7 +663,9 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(body)
         return 0
-    if what == "loops":
+    if what == "loops" and episodes:
+        lines = render_episodes(doc, since, where)
+    elif what == "loops":
         lines = render_loops(doc, by, since, where)
     elif what == "runs":
         lines = render_runs(doc, since)

@@ -86,6 +86,7 @@ class LoopwatchService:
         import faust
 
         from streams.worker.kafka.topics import (
+            EPISODES_TABLE,
             FINISHED_TABLE,
             LOOP_COUNTS_TABLE,
             RETAINED_TABLE,
@@ -151,6 +152,7 @@ class LoopwatchService:
         self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
         self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
         self.retained = app.Table(RETAINED_TABLE, **opts(), **as_bytes)
+        self.episodes = app.Table(EPISODES_TABLE, **opts(), **as_bytes)
         # windowed counters: json keys ((label key, (start, end))) and int values
         loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
         run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
@@ -158,6 +160,7 @@ class LoopwatchService:
             self.runs,
             self.finished,
             self.retained,
+            self.episodes,
             loop_counts_raw,
             run_counts_raw,
         )
@@ -168,6 +171,7 @@ class LoopwatchService:
             windowed(run_counts_raw),
             faust_internals.in_event,
             retained=self.retained,
+            episodes=self.episodes,
             scan=faust_internals.partition_items,
         )
         self.worker = worker = Worker(
@@ -246,6 +250,7 @@ class LoopwatchService:
             self.runs,
             self.finished,
             self.retained,
+            self.episodes,
             s.retention,
             loop_counts_raw,
             run_counts_raw,

@@ -9,6 +9,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
 | `partition_items` | `table.data._dbs[p].items(from_key=...)`: one partition's records in key order, for the retained-run sweep | read |
+| `newest_first` | `items(backwards=True)` on the same database: the latest loop episodes of a window, read from the end | read |
 | `prefix_items` | the same seek: the runs whose ids start with what on-call pasted (`query run 773fd730`) | read |
 | `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
 | `committed_offsets` | `Consumer._committed_offset`: the offsets faust sought to, without a broker call on the hot path | read |
@@ -156,6 +157,25 @@ def prefix_items(
         if key != table.data.offset_key:
             out.append((key, value))
     return out
+
+
+def newest_first(table: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
+    """One partition's items from the last key backwards (rocksdict's
+    `items(backwards=True)` on faust's per-partition database); the in-memory store's
+    items, whatever `partition`, likewise."""
+    dbs = getattr(table.data, "_dbs", None)
+    if dbs is None:
+        data = table.data.data
+        for key in sorted(data, reverse=True):
+            yield key, data[key]
+        return
+    db = dbs.get(partition)
+    if db is None:
+        return
+    offset_key = table.data.offset_key
+    for key, value in db.items(backwards=True):
+        if key != offset_key:
+            yield key, value
 
 
 def consumer_if_started(app: Any) -> Any | None:

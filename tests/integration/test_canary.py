@@ -257,7 +257,7 @@ def test_no_canary_in_topics_api_metrics_logs_or_store(sides: tuple[Canaries, li
         )
         changelogs = [t for t in topics if t.endswith("-changelog")]
         assert set(w.topics.values()) <= set(topics), topics
-        assert len(changelogs) == 5, topics
+        assert len(changelogs) == 6, topics
         counts: dict[str, int] = {}
         for topic in topics:
             records = read_to_end(topic)

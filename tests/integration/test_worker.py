@@ -396,6 +396,22 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     assert status == 200 and doc["where"] == {"shape": "identical_repetition"}
     assert {r["tool_name"]: r["events"] for r in doc["rows"]} == dict(want)
 
+    # the runs behind a slice: its latest episodes, newest first, how each run ended
+    status, doc = worker.api("/episodes?shape=identical_repetition&limit=50", token=TOKEN)
+    assert status == 200, doc
+    want_runs = {e["run_id"] for e in corpus.events if e["shape"] == "identical_repetition"}
+    assert want_runs <= {r["run_id"] for r in doc["rows"]}
+    assert all(r["shape"] == "identical_repetition" for r in doc["rows"])
+    times = [r["detected_ns"] for r in doc["rows"]]
+    assert times == sorted(times, reverse=True)
+    finished = [r for r in doc["rows"] if r["run_id"] in want_runs]
+    outcomes = dict(corpus.runs)
+    assert all(
+        r["run_status"] == "finished" and r["outcome"] == outcomes[r["run_id"]] for r in finished
+    )
+    status, doc = worker.api("/episodes?limit=2", token=TOKEN)
+    assert status == 200 and len(doc["rows"]) == 2
+
     status, doc = worker.api("/loops?by=shape&since=7d", token=TOKEN)
     assert (status, doc["since"], doc["covers"], doc["kept"]) == (200, "7d", "24h", "24h")
     assert sum(r["events"] for r in doc["rows"]) == len(corpus.events) + 1
@@ -425,6 +441,8 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
         "/loops?shape=spinning",
         "/loops?tool_name=",
         "/find?run=0123",
+        "/episodes?limit=0",
+        "/episodes?shape=spinning",
     ],
 )
 def test_api_bad_parameters_are_400(keyed_worker: dict[str, Any], path: str) -> None:

@@ -30,7 +30,7 @@ from tests.support.kafka import admin_client, bootstrap, delete_topics
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "examples" / "loopwatch.yaml"
 FINGERPRINT_KEY = "integration-test-key"
-TABLES = ("runs", "finished", "retained", "loop_counts", "run_counts")
+TABLES = ("runs", "finished", "retained", "episodes", "loop_counts", "run_counts")
 
 
 _HANDED_OUT: set[int] = set()

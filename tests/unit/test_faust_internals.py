@@ -159,6 +159,11 @@ def test_partition_items_reads_one_partition_in_key_order_from_a_key(tmp_path: A
     assert faust_internals.prefix_items(table, 0, b"run-8", 10) == [(b"run-8", b"v8")]
     assert faust_internals.prefix_items(table, 0, b"zz", 10) == []
     assert faust_internals.prefix_items(mtable, 0, b"b", 10) == [(b"b", b"2")]
+    # from the last key backwards (the latest loop episodes), without faust's offset key
+    newest = faust_internals.newest_first(table, 1)
+    assert [next(newest), next(newest)] == [(b"run-9", b"v9"), (b"run-7", b"v7")]
+    assert list(faust_internals.newest_first(table, 5)) == []
+    assert [k for k, _ in faust_internals.newest_first(mtable, 0)] == [b"c", b"b", b"a"]
 
 
 def test_the_consumer_is_read_without_being_created(tmp_path: Any) -> None:

@@ -269,6 +269,69 @@ def test_bad_label_filters_are_one_line_before_any_request(
     assert rc == 2 and message in err and api.requests == []
 
 
+def test_the_runs_behind_a_slice_newest_first(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    other = RUN_ID[:14] + "ff" + RUN_ID[16:]  # shares 14 characters with RUN_ID
+    rows = [
+        {
+            "detected_ns": 1_796_300_060_000_000_000,
+            "run_id": other,
+            "trace_id": other,
+            "shape": "retry_storm",
+            "tool_name": "get_export_status",
+            "tool_version": "3",
+            "count": 4,
+            "wasted_steps": 3,
+            "wasted_tokens": 1200,
+            "run_status": "in progress",
+            "trace_url": f"https://tempo.example/trace/{other}",
+            "event_id": "e2",
+        },
+        {
+            "detected_ns": 1_796_300_000_000_000_000,
+            "run_id": RUN_ID,
+            "trace_id": RUN_ID,
+            "shape": "retry_storm",
+            "tool_name": "get_export_status",
+            "count": 3,
+            "wasted_steps": 2,
+            "wasted_tokens": 0,
+            "run_status": "finished",
+            "outcome": "complete",
+            "termination_reason": "turn_limit",
+            "event_id": "e1",
+        },
+    ]
+    api.routes["/episodes"] = (
+        200,
+        {"where": {"shape": "retry_storm"}, "since": "1h", "covers": "1h", "rows": rows},
+    )
+    rc, lines, _ = run(capsys, "loops", "--shape", "retry_storm", "--runs", "--limit", "5")
+    assert rc == 0
+    assert lines[0].split() == [
+        "detected",
+        "run",
+        "shape",
+        "tool",
+        "count",
+        "wasted_steps",
+        "wasted_tokens",
+        "run_status",
+        "trace",
+    ]
+    first, second = lines[2].split(), lines[3].split()
+    assert first[2] == other[:15] and second[2] == RUN_ID[:15]  # unique in the output
+    assert first[-1] == f"https://tempo.example/trace/{other}" and second[-1] == RUN_ID
+    assert "complete/turn_limit" in second and "get_export_status@3" in first
+    assert lines[-1] == (
+        "2 latest loop episodes of 2 runs in the last 1h where shape=retry_storm; "
+        "`loopwatch query run RUN` shows one"
+    )
+    assert api.requests[0][:2] == (
+        "/episodes",
+        {"since": ["1h"], "limit": ["5"], "shape": ["retry_storm"]},
+    )
+
+
 def test_loops_empty(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     api.routes["/loops"] = (200, {"by": ["shape"], "since": "30m", "rows": []})
     rc, lines, _ = run(capsys, "loops", "--by", "shape", "--since", "30m")

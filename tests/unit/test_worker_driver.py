@@ -798,3 +798,68 @@ def test_the_side_effect_ledger_says_whether_a_refund_went_out_before_the_loop()
     assert all(c["reconciled"] for c in calls)  # get_refund_status came after each
     assert len({c["business"] for c in calls}) == 1  # one order
     assert "A1" not in json.dumps(doc) and "k-1" not in json.dumps(doc)
+
+
+def test_every_loop_episode_is_listed_by_time_and_swept_after_the_retention() -> None:
+    from streams.worker.api.answers import recent_episodes
+    from streams.worker.state import episodes
+
+    def newest(table: dict[bytes, bytes], partition: int) -> list[tuple[bytes, bytes]]:
+        return sorted(table.items(), reverse=True)
+
+    worker = retaining_worker(looping_h=2, clean_h=1)
+    worker.episodes: dict[bytes, bytes] = {}
+    driver = worker.driver
+    runs = []
+    for trace in (101, 102, 103):
+        run = Run(trace=trace).version_only_on_root()  # the version comes last, with the root
+        for _ in range(3):
+            run.tool("lookup_order", {"order_id": "D4"}, {"status": "pending"})
+        run.root()
+        runs.append(run)
+    for run in runs:
+        worker.now += NS  # listed in this order
+        for p_, steps in _groups(worker, encode_request(run.spans)):
+            worker.collect(
+                driver.process_run(
+                    worker.runs,
+                    worker.finished,
+                    p_,
+                    run.trace_id,
+                    [(steps, None)],
+                    worker.now,
+                    worker.retained,
+                    worker.episodes,
+                )
+            )
+        driver.apply_writes(worker.runs, worker.finished, worker.retained, worker.episodes)
+    for p_ in range(worker.partitions):
+        worker.now += 10 * NS
+        worker.collect(
+            driver.tick(
+                worker.runs, worker.finished, p_, worker.now, worker.retained, worker.episodes
+            )
+        )
+    driver.apply_writes(worker.runs, worker.finished, worker.retained, worker.episodes)
+    assert len(worker.episodes) == len(worker.events) == 3
+    rows = recent_episodes(
+        range(4), worker.episodes, worker.retained, newest, 0, {"prompt_version": "support-v12"}
+    )
+    assert [r["run_id"] for r in rows] == sorted((r.trace_id for r in runs), reverse=True)
+    assert all(r["run_status"] == "finished" and r["outcome"] == "complete" for r in rows)
+    assert all(episodes.key_ns(k) > 0 for k in worker.episodes)
+    assert (
+        recent_episodes(
+            range(4), worker.episodes, worker.retained, newest, 0, {"shape": "retry_storm"}
+        )
+        == []
+    )
+    # two hours on, a sweep deletes them (the oldest keys first)
+    deleted = driver.store.sweep_episodes(0, worker.now + 3 * 3600 * NS, 100)
+    driver.apply_writes(worker.runs, worker.finished, worker.retained, worker.episodes)
+    assert deleted == 3 and worker.episodes == {}
+
+
+def _groups(worker: FakeWorker, message: bytes) -> list[tuple[int, list[Any]]]:
+    by_run, _invalid, _ = group_steps(worker.normalizer, decode_record(message, "otlp_proto", "t"))
+    return [(key_partition(r.encode(), worker.partitions), s) for r, s in by_run.items()]

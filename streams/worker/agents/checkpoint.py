@@ -91,7 +91,12 @@ class Checkpoint:
         if self.failed is not None:
             return []
         tables = self.tables
-        by_name = {"runs": tables.runs, "finished": tables.finished, "retained": tables.retained}
+        by_name = {
+            "runs": tables.runs,
+            "finished": tables.finished,
+            "retained": tables.retained,
+            "episodes": tables.episodes,
+        }
         try:
             for table, partition, key, value in self.driver.take_writes():
                 with tables.in_event(routing[partition]):

@@ -251,6 +251,7 @@ class Detect:
                     [(steps, clock) for _, steps, clock in items],
                     time.time_ns(),
                     self.tables.retained,
+                    self.tables.episodes,
                 )
             except Exception as exc:
                 log.exception("detect: run %s failed; its message(s) are dead-lettered", run_id)
@@ -275,7 +276,9 @@ class Detect:
             # send (and committed, advancing the clock) may still be queued behind the tick.
             now_ns = self.clock.now_ns() if sent_at is None else sent_at
             try:
-                out = self.driver.tick(runs, finished, partition, now_ns, self.tables.retained)
+                out = self.driver.tick(
+                    runs, finished, partition, now_ns, self.tables.retained, self.tables.episodes
+                )
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue

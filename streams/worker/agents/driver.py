@@ -23,6 +23,7 @@ from detectors.state import RunState
 from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
 from streams.runloop.loop import NS, Envelope, RunLoop
 from streams.worker.agents.messages import key_text
+from streams.worker.state import episodes as episode_records
 from streams.worker.state import retained as records
 from streams.worker.state.retained import Retention
 from streams.worker.state.store import Table, TableStore, decode_finished, decode_header
@@ -185,12 +186,13 @@ class RunDriver:
         batches: list[tuple[list[Step], int | None]],
         now_ns: int,
         retained: Table | None = None,
+        episodes: Table | None = None,
     ) -> Outputs:
         """Steps of one run, from one or more messages in arrival order, each with the
         input clock it was sent at (RunLoop.apply); one state write, pending until
         `take_writes`."""
         out = Outputs()
-        self.store.bind(runs, finished, retained)
+        self.store.bind(runs, finished, retained, episodes)
         self.loop.apply(partition, run_id, batches, now_ns, out)
         calls = (
             records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
@@ -207,17 +209,19 @@ class RunDriver:
         partition: int,
         now_ns: int,
         retained: Table | None = None,
+        episodes: Table | None = None,
     ) -> Outputs:
         """Due releases, finalizations, evictions and marker expiry of one partition, and
-        (once every SWEEP_SECONDS) a slice of its expired retained records."""
+        (once every SWEEP_SECONDS) a slice of its expired retained records and episodes."""
         out = Outputs()
-        self.store.bind(runs, finished, retained)
+        self.store.bind(runs, finished, retained, episodes)
         self.loop.due(partition, now_ns, out)
         self.retain(partition, out, now_ns)
         self.store.expire_finished(partition, now_ns - self.finished_ttl_ns)
         if self.retention is not None and now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:
             self.swept_at[partition] = now_ns
             self.store.sweep_retained(partition, now_ns, SWEEP_BATCH)
+            self.store.sweep_episodes(partition, now_ns - self.retention.looping_ns, SWEEP_BATCH)
         return out
 
     def retain(
@@ -244,7 +248,12 @@ class RunDriver:
             raw = store.load_retained(key)
             body = records.decode(raw) if raw is not None else {}
             if run_id in events:
-                records.add_events(body, events[run_id])
+                for event in records.add_events(body, events[run_id], now_ns):
+                    store.put_episode(
+                        partition,
+                        episode_records.key(event, now_ns),
+                        episode_records.encode(event),
+                    )
             if calls and run_id in calls:
                 records.add_calls(body, calls[run_id])
             summary = summaries.get(run_id)
@@ -261,6 +270,18 @@ class RunDriver:
                 )
                 continue
             records.finish(body, summary, store.finishing.get(run_id))
+            if summary.get("prompt_version") is not None:
+                # events that fired before the run's prompt_version was known: their
+                # episodes get it, so a slice's --runs lists them
+                for kept in body.get("events", []):
+                    if kept.get("prompt_version") is None and kept.get("listed_ns"):
+                        kept["prompt_version"] = summary["prompt_version"]
+                        event = {**kept, "run_id": run_id}
+                        store.put_episode(
+                            partition,
+                            episode_records.key(event, kept["listed_ns"]),
+                            episode_records.encode(event),
+                        )
             keep = retention.looping_ns if summary.get("shapes") else retention.clean_ns
             if keep <= 0:
                 store.put_retained(partition, key, None)
@@ -275,7 +296,13 @@ class RunDriver:
     def discard_writes(self) -> None:
         self.store.discard_writes()
 
-    def apply_writes(self, runs: Table, finished: Table, retained: Table | None = None) -> int:
+    def apply_writes(
+        self,
+        runs: Table,
+        finished: Table,
+        retained: Table | None = None,
+        episodes: Table | None = None,
+    ) -> int:
         """take_writes + apply, for plain mappings (tests, tools)."""
-        self.store.bind(runs, finished, retained)
+        self.store.bind(runs, finished, retained, episodes)
         return self.store.apply_writes()

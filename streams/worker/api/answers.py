@@ -14,7 +14,7 @@ from alerts.trace_links import TraceLinks
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
 from streams.worker.api import params as api_params
 from streams.worker.api.params import DEFAULT_LOOP_BY, DEFAULT_SINCE, LOOP_LABELS
-from streams.worker.state import retained
+from streams.worker.state import episodes, retained
 from streams.worker.state.retained import Retention
 from streams.worker.state.store import decode_envelope
 from streams.worker.state.window_keys import iter_window_counts
@@ -227,6 +227,81 @@ def find_runs(
                     "shapes": summary.get("shapes", []),
                 }
     return [{"run_id": r, **found[r]} for r in sorted(found)][:MAX_MATCHES]
+
+
+MAX_EPISODES = 50
+
+
+def parse_limit(text: str | None) -> int:
+    """`limit=` of GET /episodes: 1 to MAX_EPISODES (default 20)."""
+    if text is None:
+        return 20
+    value = text.strip()
+    if not value.isdigit() or not 1 <= int(value) <= MAX_EPISODES:
+        raise BadRequest(f"limit {text!r}: expected a whole number from 1 to {MAX_EPISODES}")
+    return int(value)
+
+
+def recent_episodes(
+    partitions: Iterable[int],
+    episodes_table: Any,
+    retained_table: Any,
+    newest: Callable[[Any, int], Iterable[tuple[bytes, bytes]]],
+    cutoff_ns: int,
+    where: Mapping[str, str],
+    limit: int = MAX_EPISODES,
+) -> list[dict[str, Any]]:
+    """The latest loop episodes of these partitions detected at or after `cutoff_ns` that
+    match the label filters, newest first, at most `limit`; a finished run's episodes say
+    how it ended (from its retained summary)."""
+    rows: list[dict[str, Any]] = []
+    for partition in sorted(partitions):
+        taken = 0
+        for key, raw in newest(episodes_table, partition):
+            if episodes.key_ns(key) < cutoff_ns:
+                break
+            episode = episodes.decode(raw)
+            if not episodes.matches(episode, dict(where)):
+                continue
+            rows.append({"detected_ns": episodes.key_ns(key), **episode})
+            taken += 1
+            if taken >= limit:
+                break
+    rows = merge_episodes([rows], limit)
+    for row in rows:
+        row["run_status"] = "in progress"
+        kept = (
+            retained_table.get(str(row.get("run_id", "")).encode())
+            if retained_table is not None
+            else None
+        )
+        if kept is None:
+            continue
+        try:
+            _expires, finished_ns, _p = retained.header(kept)
+        except ValueError:
+            continue
+        if finished_ns:
+            summary = retained.decode(kept).get("summary") or {}
+            row["run_status"] = "finished"
+            row["outcome"] = summary.get("outcome")
+            row["termination_reason"] = summary.get("termination_reason")
+    return rows
+
+
+def merge_episodes(
+    lists: Iterable[list[dict[str, Any]]], limit: int = MAX_EPISODES
+) -> list[dict[str, Any]]:
+    """Newest first, one row per event id, at most `limit`."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for rows in lists:
+        for row in rows:
+            if isinstance(row, dict):
+                by_id.setdefault(str(row.get("event_id")), row)
+    ordered = sorted(
+        by_id.values(), key=lambda r: (-int(r.get("detected_ns") or 0), str(r.get("event_id")))
+    )
+    return ordered[:limit]
 
 
 def merge_matches(docs: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -17,12 +17,15 @@ from streams.worker.api.answers import (
     PeerError,
     check_bearer,
     find_runs,
+    merge_episodes,
     merge_matches,
     merge_rows,
     parse_by,
     parse_filters,
+    parse_limit,
     parse_prefix,
     parse_since,
+    recent_episodes,
     retained_view,
     run_view,
     sum_windows,
@@ -44,6 +47,7 @@ class Views:
         runs: Any,
         finished: Any,
         retained: Any,
+        episodes: Any,
         retention: Retention | None,
         loop_counts: Any,
         run_counts: Any,
@@ -56,6 +60,7 @@ class Views:
         self.runs = runs
         self.finished = finished
         self.retained = retained
+        self.episodes = episodes
         self.retention = retention
         self.loop_counts = loop_counts
         self.run_counts = run_counts
@@ -178,12 +183,47 @@ class Views:
                 doc["retention"] = retention_doc(views.retention)
             return view.json(doc)
 
+        async def episodes_page(view: Any, request: Any) -> Any:
+            """GET /episodes: the latest loop episodes of a slice (since=, label filters,
+            limit=), newest first, from every worker."""
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                since, seconds = parse_since(request.query.get("since"))
+                where = parse_filters(request.query)
+                limit = parse_limit(request.query.get("limit"))
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            if views.retention is None:
+                return view.json(
+                    {"error": "finished runs are not kept (LOOPWATCH_RUN_RETENTION_HOURS=0)"},
+                    status=404,
+                )
+            covered, seconds = window(since, seconds, views.retention.looping_ns // 10**9)
+            cutoff = time.time_ns() - seconds * 10**9
+            rows = recent_episodes(
+                views.partitions(),
+                views.episodes,
+                views.retained,
+                faust_internals.newest_first,
+                cutoff,
+                where,
+                limit,
+            )
+            try:
+                docs = await views.peer_docs(request)
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            rows = merge_episodes([rows, *(d.get("rows", []) for d in docs)], limit)
+            return view.json({"where": where, **covered, "rows": rows})
+
         app.page("/healthz")(healthz)
         app.page("/readyz")(healthz)
         app.page("/livez")(livez)
         app.page("/runs/{run_id}")(run_page)
         app.page("/loops")(loops_page)
         app.page("/find")(find_page)
+        app.page("/episodes")(episodes_page)
         app.page("/runs")(runs_page)
 
     async def gather_peers(

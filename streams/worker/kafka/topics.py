@@ -33,6 +33,7 @@ FINISHED_TABLE = "finished"
 LOOP_COUNTS_TABLE = "loop_counts"
 RUN_COUNTS_TABLE = "run_counts"
 RETAINED_TABLE = "retained"
+EPISODES_TABLE = "episodes"
 WINDOW_SECONDS = 60.0
 WINDOW_EXPIRES_SECONDS = 24 * 3600.0
 
@@ -133,6 +134,12 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
             n_detect,
             # records older than the longest retention (and a day) go with their segments,
             # whether or not the sweep reached them
+            {"cleanup.policy": "compact,delete", "retention.ms": retained_ms},
+            copartitioned=True,
+        ),
+        TopicSpec(
+            s.changelog_topic(EPISODES_TABLE),
+            n_detect,
             {"cleanup.policy": "compact,delete", "retention.ms": retained_ms},
             copartitioned=True,
         ),

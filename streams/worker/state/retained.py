@@ -54,6 +54,7 @@ EVENT_FIELDS = (
     "shape",
     "severity",
     "detector",
+    "prompt_version",
     "tool_name",
     "tool_version",
     "count",
@@ -108,13 +109,22 @@ def compact_event(event: dict[str, Any]) -> dict[str, Any]:
     return {k: event[k] for k in EVENT_FIELDS if event.get(k) is not None}
 
 
-def add_events(body: dict[str, Any], events: list[dict[str, Any]]) -> None:
+def add_events(
+    body: dict[str, Any], events: list[dict[str, Any]], at_ns: int
+) -> list[dict[str, Any]]:
+    """Keep the events not kept yet (`listed_ns`: when the worker emitted them, the time
+    their episode is listed under); returns them. A redelivered event is kept once."""
     kept = body.setdefault("events", [])
     ids = {e.get("event_id") for e in kept}
+    new = []
     for event in events:
-        if event["event_id"] not in ids and len(kept) < MAX_EVENTS:
-            kept.append(compact_event(event))
-            ids.add(event["event_id"])
+        if event["event_id"] in ids:
+            continue
+        ids.add(event["event_id"])
+        new.append(event)
+        if len(kept) < MAX_EVENTS:
+            kept.append({**compact_event(event), "listed_ns": at_ns})
+    return new
 
 
 def add_calls(body: dict[str, Any], calls: list[dict[str, Any]]) -> None:

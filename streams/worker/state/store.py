@@ -22,6 +22,7 @@ from detectors.state import RunState
 from streams.runloop.deadlines import FinishedIndex
 from streams.runloop.loop import Envelope
 from streams.worker.state.codec import decode_state, encode_state
+from streams.worker.state.episodes import key_ns as episode_key_ns
 from streams.worker.state.retained import header as retained_header
 
 ENVELOPE_VERSION = 1
@@ -112,22 +113,32 @@ class TableStore:
         self.runs: Table = {}
         self.finished: Table = {}
         self.retained: Table = {}
+        self.episodes: Table = {}
         self.scan: Scan = scan_mapping
         self.cache: OrderedDict[str, tuple[Envelope, RunState]] = OrderedDict()
         self.cache_size = cache_size
         self.pending_runs: dict[bytes, tuple[int, bytes | None]] = {}
         self.pending_finished: dict[bytes, tuple[int, bytes | None]] = {}
         self.pending_retained: dict[bytes, tuple[int, bytes | None]] = {}
+        self.pending_episodes: dict[bytes, tuple[int, bytes | None]] = {}
         self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
         self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
         self.finished_index = FinishedIndex()
         self.state_writes = 0
         self.state_write_bytes = 0
 
-    def bind(self, runs: Table, finished: Table, retained: Table | None = None) -> None:
+    def bind(
+        self,
+        runs: Table,
+        finished: Table,
+        retained: Table | None = None,
+        episodes: Table | None = None,
+    ) -> None:
         self.runs, self.finished = runs, finished
         if retained is not None:
             self.retained = retained
+        if episodes is not None:
+            self.episodes = episodes
 
     def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
         cached = self.cache.pop(run_id, None)
@@ -172,6 +183,21 @@ class TableStore:
     def put_retained(self, partition: int, key: bytes, value: bytes | None) -> None:
         self.pending_retained[key] = (partition, value)
 
+    def put_episode(self, partition: int, key: bytes, value: bytes) -> None:
+        self.pending_episodes[key] = (partition, value)
+
+    def sweep_episodes(self, partition: int, cutoff_ns: int, limit: int) -> int:
+        """Delete `partition`'s episodes detected before `cutoff_ns`: its oldest keys, up to
+        the first one that is not (keys start with the time). Returns how many."""
+        deleted = 0
+        for key, _raw in self.scan(self.episodes, partition, None, limit):
+            if episode_key_ns(key) >= cutoff_ns:
+                break
+            if key not in self.pending_episodes:
+                self.pending_episodes[key] = (partition, None)
+                deleted += 1
+        return deleted
+
     def sweep_retained(self, partition: int, now_ns: int, limit: int) -> int:
         """Delete the expired records among the next `limit` of `partition` (in key order,
         from where the last sweep stopped; past the end it starts again). Returns how many
@@ -196,11 +222,13 @@ class TableStore:
         writes = [("runs", p, k, v) for k, (p, v) in self.pending_runs.items()]
         writes += [("finished", p, k, v) for k, (p, v) in self.pending_finished.items()]
         writes += [("retained", p, k, v) for k, (p, v) in self.pending_retained.items()]
+        writes += [("episodes", p, k, v) for k, (p, v) in self.pending_episodes.items()]
         self.state_writes += len(self.pending_runs)
         self.state_write_bytes += sum(len(v) for _p, v in self.pending_runs.values() if v)
         self.pending_runs.clear()
         self.pending_finished.clear()
         self.pending_retained.clear()
+        self.pending_episodes.clear()
         self.finishing.clear()
         return writes
 
@@ -210,13 +238,19 @@ class TableStore:
         self.pending_runs.clear()
         self.pending_finished.clear()
         self.pending_retained.clear()
+        self.pending_episodes.clear()
         self.finishing.clear()
         self.cache.clear()
 
     def apply_writes(self) -> int:
         """take_writes + apply, for plain mappings (tests, tools)."""
         writes = self.take_writes()
-        tables = {"runs": self.runs, "finished": self.finished, "retained": self.retained}
+        tables = {
+            "runs": self.runs,
+            "finished": self.finished,
+            "retained": self.retained,
+            "episodes": self.episodes,
+        }
         for table, _p, key, value in writes:
             target = tables[table]
             if value is None:
@@ -243,4 +277,5 @@ class Tables:
     run_counts: Any
     in_event: Callable[[Any], contextlib.AbstractContextManager[None]] = _no_event
     retained: Table = field(default_factory=dict)
+    episodes: Table = field(default_factory=dict)
     scan: Scan | None = None  # a partition's items in key order (None: plain mappings)
