@@ -55,10 +55,12 @@ def test_the_query_annotation_runs_as_written(
     assert main(argv[1:]) == 0, capsys.readouterr().err
     [(path, params)] = asked
     expr = rule["expr"]
-    if path == "/loops":  # a loop alert asks for its own slice
+    if "shape_prompt_version_tool:" in expr or "sum by (shape" in expr:
+        # a slice's alert lists the runs behind its own slice
+        assert path == "/episodes", rule["alert"]
         for label in ("shape", "prompt_version", "tool_name"):
-            if "shape_prompt_version_tool:" in expr or "sum by (shape" in expr:
-                assert params[label] == LABELS[label], (rule["alert"], label)
+            assert params[label] == LABELS[label], (rule["alert"], label)
+    elif path == "/loops":  # the prompt-wide alert: its prompt_version broken down
         assert params["prompt_version"] == LABELS["prompt_version"]
 
 
