@@ -158,6 +158,7 @@ def ledger_calls(steps: Iterable[Step], policy: Policy) -> list[dict[str, Any]]:
                     "tool": step.name,
                     "span_id": step.span_id,
                     "call_id": step.call_id,
+                    "start_ns": step.start_ns,
                     "end_ns": step.end_ns,
                     "business": (step.business_fp or "")[:FP_CHARS] or None,
                     "key": (step.idempotency_fp or "")[:FP_CHARS] or None,
@@ -181,9 +182,10 @@ def ledger_calls(steps: Iterable[Step], policy: Policy) -> list[dict[str, Any]]:
 def side_effects(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The side-effect calls of a run for on-call, in time order: was the idempotency key
     there, new or reused for the same business object; did a reconcile call follow; did
-    it commit before the run's first loop event (a refund that went out before the loop)."""
+    it commit before the run's first loop fired (before the step that triggered its first
+    event started: a refund that went out before the agent looped)."""
     calls = sorted(body.get("ledger", []), key=lambda c: (c.get("end_ns") or 0, c["span_id"]))
-    first_loop = min((_ns(e.get("detected_at")) for e in body.get("events", [])), default=None)
+    first_loop = first_trigger_ns(body)
     seen_keys: dict[str | None, set[str]] = {}
     out = []
     for i, call in enumerate(calls):
@@ -215,6 +217,20 @@ def side_effects(body: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def first_trigger_ns(body: dict[str, Any]) -> int | None:
+    """When the step that fired the run's first loop event started (from the ledger or
+    the timeline; else the event's detection time, the trigger's end)."""
+    starts = {c["span_id"]: c.get("start_ns") for c in body.get("ledger", [])}
+    starts.update({s["span_id"]: s.get("start_ns") for s in body.get("timeline", [])})
+    times = []
+    for event in body.get("events", []):
+        start = starts.get(event.get("trigger_span_id"))
+        times.append(
+            start if isinstance(start, int) and start > 0 else _ns(event.get("detected_at"))
+        )
+    return min(times, default=None)
 
 
 def _ns(iso: Any) -> int:
