@@ -158,9 +158,11 @@ def start_prometheus(
     alertmanagers: Sequence[str] = (),
     job: str = "loopwatch",
     interval: str = "1s",
+    features: Sequence[str] = (),
 ) -> Daemon:
     """Prometheus scraping `targets` (host:port) as `job` every `interval`, evaluating
-    `rule_files` every `interval` and sending alerts to `alertmanagers` (host:port)."""
+    `rule_files` every `interval` and sending alerts to `alertmanagers` (host:port);
+    `features`: --enable-feature values (exemplar-storage: it then scrapes OpenMetrics)."""
     exe = binary("prometheus")
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -180,7 +182,8 @@ def start_prometheus(
         "prometheus",
         [exe, f"--config.file={workdir / 'prometheus.yml'}",
          f"--storage.tsdb.path={workdir / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+         *(f"--enable-feature={f}" for f in features)],
         workdir / "prometheus.log", f"http://127.0.0.1:{port}", workdir,
     )  # fmt: skip
     try:

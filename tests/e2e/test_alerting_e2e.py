@@ -44,11 +44,18 @@ the same records (`replay_messages`), not from the worker.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
 import time
+import urllib.parse
 import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,6 +89,7 @@ CLEAN_PV = "e2e-clean-v1"
 LOOP_PV = "e2e-loop-v1"
 GROUP_BY = ("alertname", "shape", "prompt_version", "tool_version")
 SLICE = ("shape", "prompt_version", "tool_name", "tool_version")
+REPO = Path(__file__).resolve().parents[2]
 SIDE_EFFECT_SHAPES = {"duplicate_side_effect", "unsafe_side_effect_retry"}
 QUIET_SECONDS = 8.0  # bounded wait for "nothing fires" (pending shows within 1-2 evaluations)
 SETTLE_SECONDS = 4.0  # after the last expected alert: > group_wait + group_interval (1 s each)
@@ -172,14 +180,17 @@ class Expected:
     def slices(self) -> Counter[tuple[str, ...]]:
         """Events by slice; an event that fired before its run's labels were known
         (`labels_pending`) is in its run's final slice: the run summary's prompt_version."""
+        return Counter(self.slice_of(e) for e in self.events)
+
+    def slice_of(self, e: dict[str, Any]) -> tuple[str, ...]:
         final = {s["run_id"]: s["prompt_version"] for s in self.runs}
 
-        def label(e: dict[str, Any], k: str) -> str:
+        def label(k: str) -> str:
             if k == "prompt_version" and e["labels_pending"]:
                 return str(final[e["run_id"]])
             return str(e[k])
 
-        return Counter(tuple(label(e, k) for k in SLICE) for e in self.events)
+        return tuple(label(k) for k in SLICE)
 
     @property
     def runs_by_pv(self) -> Counter[str]:
@@ -317,6 +328,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             targets=[metrics_target],
             rule_files=[rules],
             alertmanagers=[alertmanager.base.removeprefix("http://")],
+            features=["exemplar-storage"],
         )
         cleanup.callback(prometheus.stop)  # stopped first: no alert about the worker going
 
@@ -433,6 +445,7 @@ class LoopWindow:
     firing: list[dict[str, Any]]
     am_alerts: list[dict[str, Any]]
     notifications: list[Notification]
+    stack: Stack | None = None
 
 
 def labels_of(alert: dict[str, Any], keys: tuple[str, ...] = SLICE) -> tuple[str, ...]:
@@ -497,7 +510,9 @@ def loop_window(stack: Stack, clean_window: CleanWindow) -> LoopWindow:
         raise
     time.sleep(SETTLE_SECONDS)  # a second notification for a group would arrive by now
     got = firing()
-    return LoopWindow(expected, dup_slices, rate_slices, got, stack.am_alerts(), stack.sink.calls)
+    return LoopWindow(
+        expected, dup_slices, rate_slices, got, stack.am_alerts(), stack.sink.calls, stack
+    )
 
 
 def test_loop_alerts_fire_in_prometheus_with_slice_labels(loop_window: LoopWindow) -> None:
@@ -606,3 +621,80 @@ def test_rules_copy_only_scales_for_durations(stack: Stack) -> None:
     assert stack.am_config["inhibit_rules"] == original["inhibit_rules"]
     urls = {h["url"] for r in stack.am_config["receivers"] for h in r["webhook_configs"]}
     assert urls == {f"{stack.sink.base}/loopwatch/pager", f"{stack.sink.base}/loopwatch/ticket"}
+
+
+# ---------------------------------------------------------------------------------------
+# from the alert to the runs behind it, their evidence and the trace
+
+
+def loopwatch(stack: Stack, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """The `loopwatch` command line against the worker's API, as on-call runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWATCH_")}
+    env["LOOPWATCH_API"] = f"http://127.0.0.1:{stack.worker.web_port}"
+    return subprocess.run(
+        [sys.executable, "-m", "streams.cli", *argv],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_alerts_query_annotation_lists_the_runs_behind_it(loop_window: LoopWindow) -> None:
+    """The firing alerts' `query` annotations, as Prometheus rendered them, run verbatim:
+    they list the runs of their slice; `query run` on a printed prefix shows the run's
+    steps, and for the duplicated refund its side-effect ledger."""
+    stack = loop_window.stack
+    assert stack is not None
+    for alert in loop_window.firing:
+        if alert["labels"].get("scope") == "prompt_version":
+            continue
+        command = alert["annotations"]["query"]
+        argv = shlex.split(command)
+        assert argv[:3] == ["loopwatch", "query", "loops"] and "--runs" in argv, command
+        done = loopwatch(stack, [*argv[1:], "--limit", "50"])
+        assert done.returncode == 0, done.stderr
+        slice_ = labels_of(alert)
+        expected = loop_window.expected
+        want = {e["run_id"] for e in expected.events if expected.slice_of(e) == slice_}
+        rows = [line.split() for line in done.stdout.splitlines()[2:-1]]
+        printed = {row[2] for row in rows}
+        assert want and all(any(r.startswith(p) for p in printed) for r in want), (
+            command,
+            done.stdout,
+        )
+    dup = next(e for e in loop_window.expected.events if e["shape"] == "duplicate_side_effect")
+    shown = loopwatch(stack, ["query", "run", dup["run_id"][:12]])
+    assert shown.returncode == 0, shown.stderr
+    assert "status    finished" in shown.stdout and "last tool steps" in shown.stdout
+    assert "side effects (" in shown.stdout and "issue_refund" in shown.stdout
+
+
+def test_the_loop_counter_carries_a_trace_of_its_latest_event_as_exemplar(
+    loop_window: LoopWindow,
+) -> None:
+    stack = loop_window.stack
+    assert stack is not None
+    now = time.time()
+    url = f"{stack.prometheus.base}/api/v1/query_exemplars?" + urllib.parse.urlencode(
+        {"query": "loopwatch_loop_events_total", "start": now - 3600, "end": now + 60}
+    )
+    data = http_json(url)["data"]
+    traces = {ex["labels"]["trace_id"] for series in data for ex in series.get("exemplars", [])}
+    assert traces & {e["trace_id"] for e in loop_window.expected.events}, data
+
+
+def test_finished_runs_stay_open_after_the_worker_restarts(loop_window: LoopWindow) -> None:
+    """Last in this module: the worker restarts from its local state and changelogs."""
+    stack = loop_window.stack
+    assert stack is not None
+    run_id = loop_window.expected.events[0]["run_id"]
+    before = loopwatch(stack, ["query", "run", run_id, "--json"])
+    assert before.returncode == 0, before.stderr
+    assert stack.worker.stop() == 0
+    stack.worker.start()
+    stack.worker.wait_ready()
+    after = loopwatch(stack, ["query", "run", run_id, "--json"])
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["summary"] == json.loads(before.stdout)["summary"]

@@ -307,6 +307,18 @@ def test_dashboard_is_a_provisionable_grafana_dashboard() -> None:
         assert v["datasource"]["uid"] == ds_uid
         assert re.fullmatch(r"label_values\(\w+, *\w+\)", v["definition"]), v["definition"]
 
+    # the loop panels show the counters' exemplars, linked to the trace by the datasource
+    loop_series = [
+        t for p in dash["panels"] if p["type"] == "timeseries" for t in p["targets"]
+        if "loopwatch_loop_events_total" in t["expr"]
+    ]  # fmt: skip
+    assert loop_series and all(t.get("exemplar") is True for t in loop_series)
+    [prom] = [
+        d for d in yaml.safe_load(DATASOURCES.read_text())["datasources"] if d["uid"] == ds_uid
+    ]
+    [link] = prom["jsonData"]["exemplarTraceIdDestinations"]
+    assert link["name"] == "trace_id" and "${__value.raw}" in link["url"].replace("$$", "$")
+
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "duplicate panel ids"
     titles = {p["title"] for p in dash["panels"]}
