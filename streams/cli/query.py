@@ -308,12 +308,24 @@ def render_loops(
         rows,
         key=lambda r: (-_count(r.get("events")), [_cell(r.get(label)) for label in labels]),
     )
-    cells = [[_cell(r.get(label)) for label in labels] + [_cell(r.get("events"))] for r in ordered]
+    spread = any("looping_runs" in r for r in rows)  # runs, first and last seen
+    cells = []
+    for r in ordered:
+        row = [_cell(r.get(label)) for label in labels] + [_cell(r.get("events"))]
+        if spread:
+            row += [
+                _cell(r.get("looping_runs")),
+                _when(r.get("first_ns")),
+                _when(r.get("last_ns")),
+            ]
+        cells.append(row)
     total = sum(_count(r.get("events")) for r in rows)
-    return [
-        table([*labels, "events"], cells, {len(labels)}),
-        f"{total:,} loop event{'s' if total != 1 else ''} in the last {since}",
-    ]
+    headers = [*labels, "events"] + (["runs", "first_seen", "last_seen"] if spread else [])
+    right = {len(labels)} | ({len(labels) + 1} if spread else set())
+    footer = f"{total:,} loop event{'s' if total != 1 else ''} in the last {since}"
+    if doc.get("runs_partial"):
+        footer += " (runs and first/last seen from the latest episodes only)"
+    return [table(headers, cells, right), footer]
 
 
 EPISODE_COLUMNS = (

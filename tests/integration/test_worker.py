@@ -384,11 +384,23 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     status, doc = worker.api("/loops", token=TOKEN)
     assert status == 200 and doc["by"] == ["shape", "prompt_version", "tool_version"]
     assert sum(r["events"] for r in doc["rows"]) == len(corpus.events) + 1
-    assert all(set(r) == {"shape", "prompt_version", "tool_version", "events"} for r in doc["rows"])
+    spread = {"looping_runs", "first_ns", "last_ns"}  # from the slice's episodes
+    assert all(
+        set(r) == {"shape", "prompt_version", "tool_version", "events"} | spread
+        for r in doc["rows"]
+    )
 
     status, doc = worker.api("/loops?by=prompt_version,shape&since=30m", token=TOKEN)
     assert status == 200 and doc["since"] == "30m"
-    assert all(set(r) == {"prompt_version", "shape", "events"} for r in doc["rows"])
+    assert all(set(r) == {"prompt_version", "shape", "events"} | spread for r in doc["rows"])
+
+    status, doc = worker.api("/loops?by=shape", token=TOKEN)
+    runs_by_shape = Counter(
+        shape for shape, _run in {(e["shape"], e["run_id"]) for e in corpus.events}
+    )
+    runs_by_shape["identical_repetition"] += 1  # the run left open
+    assert {r["shape"]: r["looping_runs"] for r in doc["rows"]} == dict(runs_by_shape)
+    assert all(r["first_ns"] <= r["last_ns"] for r in doc["rows"])
 
     status, doc = worker.api("/loops?by=tool_name&shape=identical_repetition", token=TOKEN)
     want = Counter(e["tool_name"] for e in corpus.events if e["shape"] == "identical_repetition")

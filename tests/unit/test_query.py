@@ -332,6 +332,34 @@ def test_the_runs_behind_a_slice_newest_first(api: Api, capsys: pytest.CaptureFi
     )
 
 
+def test_a_slice_row_says_how_many_runs_looped_and_when(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.routes["/loops"] = (
+        200,
+        {
+            "by": ["shape"],
+            "since": "1h",
+            "rows": [
+                {
+                    "shape": "retry_storm",
+                    "events": 12,
+                    "looping_runs": 9,
+                    "first_ns": 1_796_300_000_000_000_000,
+                    "last_ns": 1_796_303_000_000_000_000,
+                },
+            ],
+        },
+    )
+    rc, lines, _ = run(capsys, "loops", "--by", "shape")
+    assert rc == 0
+    assert lines[:3] == [
+        "shape        events  runs  first_seen      last_seen",
+        "-----------  ------  ----  --------------  --------------",
+        "retry_storm      12     9  12-03 12:13:20  12-03 13:03:20",
+    ]
+
+
 def test_loops_empty(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     api.routes["/loops"] = (200, {"by": ["shape"], "since": "30m", "rows": []})
     rc, lines, _ = run(capsys, "loops", "--by", "shape", "--since", "30m")

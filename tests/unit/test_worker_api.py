@@ -279,3 +279,36 @@ def test_find_runs_in_flight_and_kept_by_prefix() -> None:
     assert find_runs("773fd730", [0], runs, None, scan) == [got[0]]
     many = merge_matches([[{"run_id": f"{i:08x}"} for i in range(30)], got])
     assert len(many) == MAX_MATCHES and many[0]["run_id"] == "00000000"
+
+
+def test_a_slice_says_how_many_runs_looped_and_when() -> None:
+    from streams.worker.api.answers import add_spread, merge_rows
+    from streams.worker.state import episodes
+
+    def ep(at: int, run: str, shape: str = "retry_storm") -> tuple[bytes, bytes]:
+        event = {"event_id": f"e{at}", "run_id": run, "shape": shape, "prompt_version": "v1"}
+        return episodes.key(event, at), episodes.encode(event)
+
+    table = dict(
+        [ep(10, "r1"), ep(20, "r1"), ep(30, "r2"), ep(40, "r3", "oscillation"), ep(5, "r9")]
+    )
+
+    def newest(t: dict[bytes, bytes], partition: int) -> list[tuple[bytes, bytes]]:
+        return sorted(t.items(), reverse=True)
+
+    rows = [{"shape": "retry_storm", "events": 3}, {"shape": "oscillation", "events": 1}]
+    assert add_spread(rows, ["shape"], [0], table, newest, 10, {})
+    assert rows == [
+        {"shape": "retry_storm", "events": 3, "looping_runs": 2, "first_ns": 10, "last_ns": 30},
+        {"shape": "oscillation", "events": 1, "looping_runs": 1, "first_ns": 40, "last_ns": 40},
+    ]
+    assert not add_spread([dict(r) for r in rows], ["shape"], [0], table, newest, 0, {}, cap=2)
+    other = [{"shape": "retry_storm", "events": 2, "looping_runs": 1, "first_ns": 7, "last_ns": 8}]
+    merged = merge_rows(rows + other, ["shape"], "events")
+    assert merged[0] == {
+        "shape": "retry_storm",
+        "events": 5,
+        "looping_runs": 3,
+        "first_ns": 7,
+        "last_ns": 30,
+    }

@@ -107,13 +107,62 @@ def sum_windows(
 def merge_rows(
     rows: Iterable[dict[str, Any]], by: list[str], value_name: str
 ) -> list[dict[str, Any]]:
-    totals: dict[tuple[Any, ...], int] = {}
+    """Rows of several workers: counts and distinct runs add up (a run lives in one
+    partition), first seen is the earliest, last seen the latest."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         group = tuple(row.get(b) for b in by)
-        totals[group] = totals.get(group, 0) + int(row.get(value_name, 0))
-    out = [{**dict(zip(by, g, strict=True)), value_name: n} for g, n in totals.items()]
+        into = merged.setdefault(group, {**dict(zip(by, group, strict=True)), value_name: 0})
+        into[value_name] += int(row.get(value_name, 0))
+        if "looping_runs" in row:
+            into["looping_runs"] = into.get("looping_runs", 0) + int(row["looping_runs"])
+            for name, pick in (("first_ns", min), ("last_ns", max)):
+                if row.get(name):
+                    into[name] = pick(into[name], row[name]) if into.get(name) else row[name]
+    out = list(merged.values())
     out.sort(key=lambda r: (-r[value_name], json.dumps([r[b] for b in by])))
     return out
+
+
+EPISODE_SCAN_CAP = 200_000  # episodes read for one /loops answer's runs and first/last seen
+
+
+def add_spread(
+    rows: list[dict[str, Any]],
+    by: list[str],
+    partitions: Iterable[int],
+    episodes_table: Any,
+    newest: Callable[[Any, int], Iterable[tuple[bytes, bytes]]],
+    cutoff_ns: int,
+    where: Mapping[str, str],
+    cap: int = EPISODE_SCAN_CAP,
+) -> bool:
+    """Add to each row how many distinct runs its episodes came from and when the first
+    and the last were listed (one run stuck, or a loop spreading: runbook step 3), from
+    the episodes since `cutoff_ns`. Returns False when the cap cut the scan short."""
+    spread: dict[tuple[Any, ...], dict[str, Any]] = {}
+    scanned = 0
+    for partition in sorted(partitions):
+        for key, raw in newest(episodes_table, partition):
+            at = episodes.key_ns(key)
+            if at < cutoff_ns:
+                break
+            scanned += 1
+            if scanned > cap:
+                break
+            episode = episodes.decode(raw)
+            if not episodes.matches(episode, dict(where)):
+                continue
+            group = tuple(episode.get(b) for b in by)
+            s = spread.setdefault(group, {"runs": set(), "first_ns": at, "last_ns": at})
+            s["runs"].add(episode.get("run_id"))
+            s["first_ns"], s["last_ns"] = min(s["first_ns"], at), max(s["last_ns"], at)
+    for row in rows:
+        found = spread.get(tuple(row.get(b) for b in by))
+        row["looping_runs"] = len(found["runs"]) if found else 0
+        if found:
+            row["first_ns"], row["last_ns"] = found["first_ns"], found["last_ns"]
+    return scanned <= cap
 
 
 def run_view(

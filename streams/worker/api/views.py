@@ -15,6 +15,7 @@ from streams.worker import faust_internals
 from streams.worker.api.answers import (
     BadRequest,
     PeerError,
+    add_spread,
     check_bearer,
     find_runs,
     merge_episodes,
@@ -134,11 +135,26 @@ class Views:
                 "events",
                 where,
             )
+            complete = True
+            if views.retention is not None:
+                cutoff = time.time_ns() - seconds * 10**9
+                complete = add_spread(
+                    rows,
+                    by,
+                    views.partitions(),
+                    views.episodes,
+                    faust_internals.newest_first,
+                    cutoff,
+                    where,
+                )
             try:
                 rows = await views.gather_peers(request, rows, by, "events")
             except PeerError as exc:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return view.json({"by": by, "where": where, **covered, "rows": rows})
+            doc: dict[str, Any] = {"by": by, "where": where, **covered, "rows": rows}
+            if not complete:
+                doc["runs_partial"] = True  # more episodes in the window than one answer reads
+            return view.json(doc)
 
         async def runs_page(view: Any, request: Any) -> Any:
             if (resp := denied(view, request)) is not None:
