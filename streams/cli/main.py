@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--prompt-version", "prompt_version"),
         ("--tool", "tool_name"),
         ("--tool-version", "tool_version"),
+        ("--service", "service_name"),
+        ("--agent", "agent_name"),
     ):
         p.add_argument(flag, dest=f"where_{label}", metavar="VALUE", help=f"loops: only {label}")
     p.add_argument(

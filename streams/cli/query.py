@@ -277,6 +277,8 @@ FILTER_FLAGS = {
     "prompt_version": "--prompt-version",
     "tool_name": "--tool",
     "tool_version": "--tool-version",
+    "service_name": "--service",
+    "agent_name": "--agent",
 }
 
 

@@ -402,6 +402,12 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     assert {r["shape"]: r["looping_runs"] for r in doc["rows"]} == dict(runs_by_shape)
     assert all(r["first_ns"] <= r["last_ns"] for r in doc["rows"])
 
+    status, doc = worker.api("/loops?by=agent_name&service_name=support-bot", token=TOKEN)
+    support = [e for e in corpus.events if e["service_name"] == "support-bot"]
+    assert support and len(support) < len(corpus.events)  # a filter that filters
+    # + the run left open (spankit's service is support-bot too)
+    assert status == 200 and sum(r["events"] for r in doc["rows"]) == len(support) + 1
+
     status, doc = worker.api("/loops?by=tool_name&shape=identical_repetition", token=TOKEN)
     want = Counter(e["tool_name"] for e in corpus.events if e["shape"] == "identical_repetition")
     want["lookup_order"] += 1  # the run left open

@@ -240,11 +240,15 @@ def test_loops_of_one_slice_send_the_label_filters(
         "support-v12",
         "--tool",
         "lookup_order",
+        "--service",
+        "support-bot",
+        "--agent",
+        "refunds",
     )
     assert rc == 0
     assert lines[-1] == (
         "5 loop events in the last 1h where shape=retry_storm, prompt_version=support-v12, "
-        "tool_name=lookup_order"
+        "tool_name=lookup_order, service_name=support-bot, agent_name=refunds"
     )
     assert api.requests[0][1] == {
         "by": ["tool_version"],
@@ -252,6 +256,8 @@ def test_loops_of_one_slice_send_the_label_filters(
         "shape": ["retry_storm"],
         "prompt_version": ["support-v12"],
         "tool_name": ["lookup_order"],
+        "service_name": ["support-bot"],
+        "agent_name": ["refunds"],
     }
 
 
@@ -716,11 +722,11 @@ def test_bad_since_rejected_before_any_request(
     [
         (
             "shape,foo",
-            "--by: unknown label 'foo'; labels: shape, prompt_version, tool_name, tool_version",
+            "--by: unknown label 'foo'; labels: shape, prompt_version, tool_name, tool_version, service_name, agent_name",
         ),
         (
             "run_id",
-            "--by: unknown label 'run_id'; labels: shape, prompt_version, tool_name, tool_version",
+            "--by: unknown label 'run_id'; labels: shape, prompt_version, tool_name, tool_version, service_name, agent_name",
         ),
         ("shape,shape", "--by: label 'shape' given twice"),
         ("shape,,tool_version", "--by 'shape,,tool_version': expected comma-separated labels"),

@@ -776,6 +776,7 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
     assert loop_events(**labels, prompt_version="unknown", tool_version="3") is None
     (key,) = [k for k, n in service.tables.loop_counts.items() if n]
     assert json.loads(key)[:4] == ["identical_repetition", "support-v77", "lookup_order", "3"]
+    assert len(json.loads(key)) == 7  # ..., service, agent (from the summary), partition
 
 
 # ------------------------------------------------------------------ staged state writes

@@ -53,10 +53,10 @@ def test_parse_by() -> None:
 def test_sum_windows_filters_by_label_and_reads_counts_from_before_tool_name() -> None:
     now = 10_000.0
     raw = items(
-        (("retry_storm", "v2", "search_kb", None), 0, now, 4),
-        (("retry_storm", "v3", "search_kb", "2"), 0, now, 1),
-        (("identical_repetition", None, "lookup_order", "3"), 0, now, 2),
-        (("retry_storm", "v2", None), 0, now, 7),  # a key written before tool_name was a label
+        (("retry_storm", "v2", "search_kb", None, "bot", "support"), 0, now, 4),
+        (("retry_storm", "v3", "search_kb", "2", "bot", "billing"), 0, now, 1),
+        (("identical_repetition", None, "lookup_order", "3", "bot", None), 0, now, 2),
+        (("retry_storm", "v2", None), 0, now, 7),  # a key written before tool etc. were labels
     )
     assert sum_windows(
         raw, LOOP_LABELS, ["prompt_version"], 3600, now, "events", {"shape": "retry_storm"}
@@ -69,6 +69,13 @@ def test_sum_windows_filters_by_label_and_reads_counts_from_before_tool_name() -
     ) == [
         {"tool_name": None, "events": 7},
         {"tool_name": "search_kb", "events": 4},
+    ]
+    assert sum_windows(
+        raw, LOOP_LABELS, ["agent_name"], 3600, now, "events", {"service_name": "bot"}
+    ) == [
+        {"agent_name": "support", "events": 4},
+        {"agent_name": None, "events": 2},
+        {"agent_name": "billing", "events": 1},
     ]
     unknown_prompt = {"prompt_version": "unknown", "tool_name": "lookup_order"}
     assert sum_windows(raw, LOOP_LABELS, ["shape"], 3600, now, "events", unknown_prompt) == [
@@ -97,11 +104,11 @@ def items(*rows: tuple[tuple[object, ...], int, float, int]) -> list[tuple[objec
 def test_sum_windows_groups_and_filters_by_time() -> None:
     now = 10_000.0
     raw = items(
-        (("identical_repetition", "v1", "lookup_order", "3"), 0, now, 2),
+        (("identical_repetition", "v1", "lookup_order", "3", "bot", "support"), 0, now, 2),
         # another partition, same labels
-        (("identical_repetition", "v1", "lookup_order", "3"), 1, now - 120, 1),
-        (("retry_storm", "v2", "search_kb", None), 0, now - 30, 4),
-        (("identical_repetition", "v1", "lookup_order", "3"), 0, now - 7200, 50),  # too old
+        (("identical_repetition", "v1", "lookup_order", "3", "bot", "support"), 1, now - 120, 1),
+        (("retry_storm", "v2", "search_kb", None, "bot", None), 0, now - 30, 4),
+        (("identical_repetition", "v1", "lookup_order", "3", "bot", "support"), 0, now - 7200, 50),
     )
     rows = sum_windows(raw, LOOP_LABELS, ["shape"], 3600, now, "events")
     assert rows == [
@@ -114,6 +121,8 @@ def test_sum_windows_groups_and_filters_by_time() -> None:
         "prompt_version": "v2",
         "tool_name": "search_kb",
         "tool_version": None,
+        "service_name": "bot",
+        "agent_name": None,
         "events": 4,
     } in rows
     assert (

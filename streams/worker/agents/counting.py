@@ -25,9 +25,19 @@ class Counting:
         loops: dict[tuple[int, str], int] = {}
         runs: dict[tuple[int, str], int] = {}
 
-        def count_loop(partition: int, ev: dict[str, Any], prompt_version: Any) -> None:
+        def count_loop(partition: int, ev: dict[str, Any], run: dict[str, Any]) -> None:
+            """`run`: where the run-level labels come from (the event, or for an event that
+            fired before they were known, the run's summary)."""
+            prompt_version = run.get("prompt_version")
             m.observe_event({**ev, "prompt_version": prompt_version})
-            labels = (ev["shape"], prompt_version, ev.get("tool_name"), ev["tool_version"])
+            labels = (
+                ev["shape"],
+                prompt_version,
+                ev.get("tool_name"),
+                ev["tool_version"],
+                run.get("service_name"),
+                run.get("agent_name"),
+            )
             group = (partition, aggregate_key(labels, partition))
             loops[group] = loops.get(group, 0) + 1
 
@@ -35,11 +45,11 @@ class Counting:
             for ev in out.events:
                 self.counters["events"] += 1
                 if not ev.get("labels_pending"):  # else with its run's summary, below
-                    count_loop(partition, ev, ev["prompt_version"])
+                    count_loop(partition, ev, ev)
             for summary in out.summaries:
                 # loops that fired before the run's labels were known: the final slice
                 for deferred in summary.get("deferred_events", ()):
-                    count_loop(partition, deferred, summary["prompt_version"])
+                    count_loop(partition, deferred, summary)
                 m.observe_run(summary)
                 labels = (
                     summary["prompt_version"],

@@ -91,8 +91,8 @@ def sum_windows(
     tests = [(names.index(label), want) for label, want in (where or {}).items()]
     for labels, end, count in iter_window_counts(items):
         if len(labels) == 3 and names == LOOP_LABELS:
-            # written before tool_name was a label (a day of counts at most): no tool name
-            labels = [labels[0], labels[1], None, labels[2]]
+            # written before tool, service and agent were labels (a day of counts at most)
+            labels = [labels[0], labels[1], None, labels[2], None, None]
         if end < cutoff or len(labels) != len(names):
             continue
         if any((labels[i] if labels[i] is not None else "unknown") != want for i, want in tests):

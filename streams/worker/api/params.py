@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-LOOP_LABELS = ("shape", "prompt_version", "tool_name", "tool_version")  # /loops labels, in order
+# /loops labels, in the order of the counts' keys
+LOOP_LABELS = ("shape", "prompt_version", "tool_name", "tool_version", "service_name", "agent_name")
 DEFAULT_LOOP_BY = ("shape", "prompt_version", "tool_version")  # /loops rows without by=
 RUN_LABELS = ("prompt_version", "outcome", "termination_reason")  # /runs rows
 DEFAULT_SINCE = "1h"

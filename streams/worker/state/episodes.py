@@ -25,6 +25,8 @@ FIELDS = (
     "prompt_version",
     "tool_name",
     "tool_version",
+    "service_name",
+    "agent_name",
     "count",
     "wasted_steps",
     "wasted_tokens",
