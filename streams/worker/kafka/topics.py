@@ -117,44 +117,18 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
             s.partitions,
             {"cleanup.policy": "delete", "retention.ms": out_ms},
         ),
-        TopicSpec(
-            s.changelog_topic(RUNS_TABLE),
-            n_detect,
-            {"cleanup.policy": "compact"},
-            copartitioned=True,
-        ),
-        TopicSpec(
-            s.changelog_topic(FINISHED_TABLE),
-            n_detect,
-            {"cleanup.policy": "compact"},
-            copartitioned=True,
-        ),
-        TopicSpec(
-            s.changelog_topic(RETAINED_TABLE),
-            n_detect,
-            # records older than the longest retention (and a day) go with their segments,
-            # whether or not the sweep reached them
-            {"cleanup.policy": "compact,delete", "retention.ms": retained_ms},
-            copartitioned=True,
-        ),
-        TopicSpec(
-            s.changelog_topic(EPISODES_TABLE),
-            n_detect,
-            {"cleanup.policy": "compact,delete", "retention.ms": retained_ms},
-            copartitioned=True,
-        ),
-        TopicSpec(
-            s.changelog_topic(LOOP_COUNTS_TABLE),
-            n_detect,
-            {"cleanup.policy": "compact,delete", "retention.ms": window_ms},
-            copartitioned=True,
-        ),
-        TopicSpec(
-            s.changelog_topic(RUN_COUNTS_TABLE),
-            n_detect,
-            {"cleanup.policy": "compact,delete", "retention.ms": window_ms},
-            copartitioned=True,
-        ),
+    ] + [
+        TopicSpec(s.changelog_topic(table), n_detect, config, copartitioned=True)
+        for table, config in (
+            (RUNS_TABLE, {"cleanup.policy": "compact"}),
+            (FINISHED_TABLE, {"cleanup.policy": "compact"}),
+            # records older than the longest retention (and a day) go with their
+            # segments, whether or not the sweep reached them
+            (RETAINED_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": retained_ms}),
+            (EPISODES_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": retained_ms}),
+            (LOOP_COUNTS_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": window_ms}),
+            (RUN_COUNTS_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": window_ms}),
+        )
     ]
 
 
