@@ -35,7 +35,7 @@ from streams.spanpath.spans import SpanRecord
 from tests.unit.test_framework_traces import POLICY as LANGGRAPH_AND_AGENTS_POLICY
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks"
-README = Path(__file__).resolve().parents[2] / "README.md"
+FRAMEWORKS_DOC = Path(__file__).resolve().parents[2] / "docs" / "FRAMEWORKS.md"
 
 # the example support agent's contract for lookup_order, as for the first two frameworks
 POLICY: dict[str, Any] = LANGGRAPH_AND_AGENTS_POLICY
@@ -44,7 +44,7 @@ POLICY: dict[str, Any] = LANGGRAPH_AND_AGENTS_POLICY
 # fixture -> (termination_reason, termination_evidence), from the facts' `ended_by` and the
 # profile's mapping. "default" + final_answer where no span says why the run stopped and
 # the run gives no sign either (AutoGen has no model spans; CrewAI's forced final answer
-# and Strands' Swarm limit leave nothing): the README's framework table says so.
+# and Strands' Swarm limit leave nothing): the framework table (docs/FRAMEWORKS.md) says so.
 TERMINATION: dict[str, tuple[str, str]] = {
     "autogen__clean": ("final_answer", "default"),
     "autogen__limit_loop": ("final_answer", "default"),
@@ -340,9 +340,8 @@ def test_a_framework_with_a_known_layout_needs_only_a_policy_change():
     ]
 
 
-def test_readme_framework_table_lists_each_profile_with_a_fixture():
-    text = README.read_text("utf-8")
-    section = text.split("## Frameworks", 1)[1].split("\n## ", 1)[0]
+def test_the_framework_table_lists_each_profile_with_a_fixture():
+    section = FRAMEWORKS_DOC.read_text("utf-8")
     rows = [
         [cell.strip() for cell in line.strip().strip("|").split("|")]
         for line in section.splitlines()
@@ -354,12 +353,12 @@ def test_readme_framework_table_lists_each_profile_with_a_fixture():
             prefixes = [p.strip() for p in row[2].replace("`", "").split(",") if p.strip()]
             profiles_in_table.setdefault(name.strip(), []).extend(prefixes)
     assert set(profiles_in_table) == set(BUILTIN_PROFILES), (
-        "every built-in profile has a row in the README table, and only those"
+        "every built-in profile has a row in the framework table, and only those"
     )
     fixtures = {p.name for p in FIXTURES.iterdir()}
     for profile, prefixes in profiles_in_table.items():
-        assert prefixes, f"profile {profile} has no fixture in the README table"
+        assert prefixes, f"profile {profile} has no fixture in the framework table"
         for prefix in prefixes:
             assert any(n.startswith(prefix) and ".pb" in n for n in fixtures), (
-                f"README lists {prefix!r} fixtures for profile {profile} but none exist"
+                f"docs/FRAMEWORKS.md lists {prefix!r} fixtures for profile {profile} but none exist"
             )
