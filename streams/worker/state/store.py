@@ -1,4 +1,5 @@
-"""The worker's state store: what the `runs`, `finished` and `retained` tables hold, and how.
+"""The worker's state store: what the `runs`, `finished`, `retained` and `episodes` tables
+hold, and how.
 
 A `runs` value is an envelope: a small JSON header (the run loop's `Envelope`: what the
 deadline index needs) and the run's state (streams/worker/state/codec.py),
@@ -6,7 +7,9 @@ deadline index needs) and the run's state (streams/worker/state/codec.py),
 parses only the headers. A `finished` value is ``[finished_ns, partition]``. Tables are
 plain key/value mappings here (a dict in tests, a faust table in the service).
 `TableStore` is the run loop's store (streams/runloop/loop.py) over these tables; the
-`retained` table's records are streams/worker/state/retained.py.
+`retained` table's records (finished runs kept for on-call) are
+streams/worker/state/retained.py, the `episodes` table's (loop episodes by time)
+streams/worker/state/episodes.py. Every write of a batch is staged and applied together.
 """
 
 from __future__ import annotations
