@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from alerts.events import event_id
@@ -74,6 +74,11 @@ def parse_filters(query: Mapping[str, str]) -> dict[str, str]:
     return filters
 
 
+def label_matches(value: Any, want: str) -> bool:
+    """A label filter: the value as given, `unknown` for none (as the metrics spell it)."""
+    return (value if value is not None else "unknown") == want
+
+
 def sum_windows(
     items: Iterable[tuple[Any, Any]],
     names: tuple[str, ...],
@@ -95,7 +100,7 @@ def sum_windows(
             labels = [labels[0], labels[1], None, labels[2], None, None]
         if end < cutoff or len(labels) != len(names):
             continue
-        if any((labels[i] if labels[i] is not None else "unknown") != want for i, want in tests):
+        if not all(label_matches(labels[i], want) for i, want in tests):
             continue
         group = tuple(labels[i] for i in positions)
         totals[group] = totals.get(group, 0) + count
@@ -124,6 +129,25 @@ def merge_rows(
     return out
 
 
+def episodes_since(
+    episodes_table: Any,
+    partition: int,
+    newest: Callable[[Any, int], Iterable[tuple[bytes, bytes]]],
+    cutoff_ns: int,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A partition's episodes listed at or after `cutoff_ns`, newest first, with the time
+    each was listed."""
+    for key, raw in newest(episodes_table, partition):
+        at = episodes.key_ns(key)
+        if at < cutoff_ns:
+            return
+        yield at, episodes.decode(raw)
+
+
+def episode_matches(episode: Mapping[str, Any], where: Mapping[str, str]) -> bool:
+    return all(label_matches(episode.get(label), want) for label, want in where.items())
+
+
 EPISODE_SCAN_CAP = 200_000  # episodes read for one /loops answer's runs and first/last seen
 
 
@@ -143,15 +167,11 @@ def add_spread(
     spread: dict[tuple[Any, ...], dict[str, Any]] = {}
     scanned = 0
     for partition in sorted(partitions):
-        for key, raw in newest(episodes_table, partition):
-            at = episodes.key_ns(key)
-            if at < cutoff_ns:
-                break
+        for at, episode in episodes_since(episodes_table, partition, newest, cutoff_ns):
             scanned += 1
             if scanned > cap:
                 break
-            episode = episodes.decode(raw)
-            if not episodes.matches(episode, dict(where)):
+            if not episode_matches(episode, where):
                 continue
             group = tuple(episode.get(b) for b in by)
             s = spread.setdefault(group, {"runs": set(), "first_ns": at, "last_ns": at})
@@ -263,12 +283,9 @@ def find_runs(
             continue
         for k, raw in scan(retained_table, partition, key, MAX_MATCHES):
             run_id = k.decode("utf-8", "replace")
-            try:
-                _expires, finished_ns, _p = retained.header(raw)
-            except ValueError:
-                continue
-            if finished_ns and run_id not in found:
-                summary = retained.decode(raw).get("summary") or {}
+            done = retained.finished(raw)
+            if done is not None and run_id not in found:
+                finished_ns, summary = done
                 found[run_id] = {
                     "status": "finished",
                     "finished_at_ns": finished_ns,
@@ -306,13 +323,10 @@ def recent_episodes(
     rows: list[dict[str, Any]] = []
     for partition in sorted(partitions):
         taken = 0
-        for key, raw in newest(episodes_table, partition):
-            if episodes.key_ns(key) < cutoff_ns:
-                break
-            episode = episodes.decode(raw)
-            if not episodes.matches(episode, dict(where)):
+        for at, episode in episodes_since(episodes_table, partition, newest, cutoff_ns):
+            if not episode_matches(episode, where):
                 continue
-            rows.append({"detected_ns": episodes.key_ns(key), **episode})
+            rows.append({"detected_ns": at, **episode})
             taken += 1
             if taken >= limit:
                 break
@@ -324,14 +338,9 @@ def recent_episodes(
             if retained_table is not None
             else None
         )
-        if kept is None:
-            continue
-        try:
-            _expires, finished_ns, _p = retained.header(kept)
-        except ValueError:
-            continue
-        if finished_ns:
-            summary = retained.decode(kept).get("summary") or {}
+        done = retained.finished(kept) if kept is not None else None
+        if done is not None:
+            summary = done[1]
             row["run_status"] = "finished"
             row["outcome"] = summary.get("outcome")
             row["termination_reason"] = summary.get("termination_reason")

@@ -55,12 +55,3 @@ def encode(event: dict[str, Any]) -> bytes:
 def decode(raw: bytes) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(raw)
     return doc
-
-
-def matches(episode: dict[str, Any], where: dict[str, str]) -> bool:
-    """Label filters as /loops applies them (`unknown` matches none)."""
-    for label, want in where.items():
-        value = episode.get(label)
-        if (value if value is not None else "unknown") != want:
-            return False
-    return True

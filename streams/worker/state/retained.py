@@ -105,6 +105,18 @@ def decode(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def finished(raw: bytes) -> tuple[int, dict[str, Any]] | None:
+    """(finished_ns, summary) of a finished run's record; None for a run still in flight
+    or a value that is not a record."""
+    try:
+        _expires, finished_ns, _partition = header(raw)
+    except ValueError:
+        return None
+    if not finished_ns:
+        return None
+    return finished_ns, decode(raw).get("summary") or {}
+
+
 def compact_event(event: dict[str, Any]) -> dict[str, Any]:
     return {k: event[k] for k in EVENT_FIELDS if event.get(k) is not None}
 
