@@ -264,12 +264,16 @@ def _rows(doc: Any, what: str) -> list[dict[str, Any]]:
     return rows
 
 
-def covered(doc: Any, asked: str) -> str:
-    """The window an answer really covers, and why when it is less than was asked."""
+def covered(doc: Any, asked: str, where: Mapping[str, str] | None = None) -> str:
+    """The window an answer really covers, and why when it is less than was asked; then
+    the label filters it was asked with."""
+    text = asked
     covers, kept = doc.get("covers"), doc.get("kept")
     if isinstance(covers, str) and covers != asked and isinstance(kept, str):
-        return f"{covers} (asked for {asked}; the counters keep {kept})"
-    return asked
+        text = f"{covers} (asked for {asked}; the counters keep {kept})"
+    if where:
+        text += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
+    return text
 
 
 FILTER_FLAGS = {
@@ -301,9 +305,7 @@ def render_loops(
     """GET /loops answer -> table lines, groups with most events first."""
     rows = _rows(doc, "loops")
     labels = doc.get("by") if isinstance(doc.get("by"), list) else list(by)
-    since = covered(doc, since)
-    if where:
-        since += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
+    since = covered(doc, since, where)
     if not rows:
         return [f"no loop events in the last {since}"]
     ordered = sorted(
@@ -317,8 +319,8 @@ def render_loops(
         if spread:
             row += [
                 _cell(r.get("looping_runs")),
-                _when(r.get("first_ns")),
-                _when(r.get("last_ns")),
+                _utc(r.get("first_ns")),
+                _utc(r.get("last_ns")),
             ]
         cells.append(row)
     total = sum(_count(r.get("events")) for r in rows)
@@ -355,9 +357,7 @@ def unique_prefix(ids: Sequence[str], least: int = 12) -> int:
 def render_episodes(doc: Any, since: str, where: Mapping[str, str]) -> list[Block]:
     """GET /episodes answer -> the runs behind the slice, newest first."""
     rows = _rows(doc, "episodes")
-    window = covered(doc, since)
-    if where:
-        window += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
+    window = covered(doc, since, where)
     if not rows:
         return [f"no loop episodes in the last {window}"]
     width = unique_prefix([str(r.get("run_id", "")) for r in rows])
@@ -371,7 +371,7 @@ def render_episodes(doc: Any, since: str, where: Mapping[str, str]) -> list[Bloc
             tool += f"@{r['tool_version']}"
         cells.append(
             [
-                _when(r.get("detected_ns")),
+                _utc(r.get("detected_ns")),
                 str(r.get("run_id", "-"))[:width],
                 _cell(r.get("shape")),
                 tool,
@@ -391,10 +391,11 @@ def render_episodes(doc: Any, since: str, where: Mapping[str, str]) -> list[Bloc
     ]
 
 
-def _when(ns: Any) -> str:
+def _utc(ns: Any, fmt: str = "%m-%d %H:%M:%S") -> str:
+    """A time the API gives in ns since the epoch, in UTC; '-' for none."""
     if not isinstance(ns, int) or ns <= 0:
         return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime(fmt)
 
 
 RUN_COLUMNS = ("prompt_version", "outcome", "termination_reason")
@@ -516,7 +517,7 @@ def render_side_effects(doc: dict[str, Any]) -> list[Block]:
     calls = [c for c in doc.get("side_effects") or [] if isinstance(c, dict)]
     if not calls:
         return []
-    rows = [{**c, "at": _clock(c.get("end_ns"))} for c in calls]
+    rows = [{**c, "at": _utc(c.get("end_ns"), "%H:%M:%S")} for c in calls]
     committed = sum(1 for c in calls if c.get("committed_before_first_loop"))
     head = f"side effects ({len(calls)})"
     if committed:
@@ -524,17 +525,9 @@ def render_side_effects(doc: dict[str, Any]) -> list[Block]:
     return [head, _item_table(rows, SIDE_EFFECT_COLUMNS)]
 
 
-def _clock(ns: Any) -> str:
-    if not isinstance(ns, int) or ns <= 0:
-        return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%H:%M:%S")
-
-
 def _kept_until(ns: Any) -> str:
-    if not isinstance(ns, int) or ns <= 0:
-        return ""
-    when = datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f" (kept until {when})"
+    when = _utc(ns, "%Y-%m-%d %H:%M UTC")
+    return "" if when == "-" else f" (kept until {when})"
 
 
 def not_found(run_id: str, doc: Any) -> LoopwatchError:
