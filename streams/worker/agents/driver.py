@@ -88,6 +88,10 @@ class RunDriver:
         self.policy = policy
         self.store = TableStore(cache_size)
         self.retention = retention  # None: finished runs are not kept (the retained table)
+        # the tools whose calls go in the side-effect ledger: none, no pass over the steps
+        self.ledger_tools = policy.reconcile_tools | {
+            name for name, contract in policy.tools.items() if contract.side_effect
+        }
         self.swept_at: dict[int, int] = {}  # partition -> when its retained records were swept
         self.sweep_partitions: set[int] = set()  # assigned, or with retained writes since
         self.loop = RunLoop(
@@ -196,7 +200,7 @@ class RunDriver:
         self.loop.apply(partition, run_id, batches, now_ns, out)
         calls = (
             records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
-            if self.retention is not None and self.policy.tools
+            if self.retention is not None and self.ledger_tools
             else []
         )
         self.retain(partition, out, now_ns, {run_id: calls} if calls else None)
