@@ -119,9 +119,9 @@ def partition_items(
     faust's own offset key is not an item."""
     dbs = getattr(table.data, "_dbs", None)
     if dbs is None:  # the memory store: a dict of every partition's keys
-        data = table.data.data
-        keys = sorted(k for k in data if after is None or k > after)[:limit]
-        return [(k, data[k]) for k in keys]
+        from streams.worker.state.store import scan_mapping
+
+        return scan_mapping(table.data.data, partition, after, limit)
     db = dbs.get(partition)
     if db is None:
         return []
