@@ -53,6 +53,8 @@ class Context:
             state.shapes.append(shape)
             state.trigger_ns[shape] = trigger.start_ns
         contract = self.contract(trigger.name) if trigger.kind == "tool" else None
+        state.wasted_steps += max(0, wasted_steps)
+        state.wasted_tokens += max(0, wasted_tokens)
         self.findings.append(
             Finding(
                 shape=shape,

@@ -31,6 +31,7 @@ from detectors.side_effects import side_effects
 from detectors.state import (
     BLOOM_BITS,
     DEDUP_CAP,
+    MAP_CAP,
     UNRESOLVED_CAP,
     RunState,
     bloom_mask,
@@ -176,6 +177,9 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         "session_id": state.session_id,
         "task_type": state.task_type,
         "tokens": state.tokens,
+        "wasted_steps": state.wasted_steps,
+        "wasted_tokens": state.wasted_tokens,
+        "tool_versions": [list(pair) for pair in state.tool_versions],
         "duration_seconds": round((state.last_end_ns - state.start_ns) / 1e9, 3)
         if state.start_ns
         else 0.0,
@@ -199,6 +203,12 @@ def _termination(state: RunState) -> tuple[str, str]:
     if state.last_turn_wants_tools and not state.root_error:
         return "turn_limit", "inferred"
     return ("tool_error" if state.root_error else "final_answer"), "default"
+
+
+def _note_tool_version(state: RunState, tool: str, version: str) -> None:
+    pairs = state.tool_versions
+    if len(pairs) < MAP_CAP and [tool, version] not in pairs:
+        pairs.append([tool, version])
 
 
 def _track_tree(state: RunState, step: Step) -> None:
@@ -389,6 +399,8 @@ def _process(ctx: Context, step: Step) -> None:
     if kind == TOOL:
         state.tool_calls += 1
         state.action_steps += 1
+        if step.tool_version is not None:
+            _note_tool_version(state, step.name, step.tool_version)
         action = step.action_fp
         if action is not None:
             mask = bloom_mask(action, BLOOM_BITS)

@@ -89,6 +89,12 @@ class RunState:
     # MAX_DEFERRED: [event_id, shape, severity, tool_name, tool_version, wasted_steps,
     # wasted_tokens]).
     deferred: list[list[Any]] = field(default_factory=list)
+    # The tool versions the run called ([tool, version], first seen first, at most
+    # MAP_CAP): a version comparison counts the run on each (detectors/versions.py).
+    tool_versions: list[list[str]] = field(default_factory=list)
+    # What its loops cost: the sum of its events' wasted_steps and wasted_tokens.
+    wasted_steps: int = 0
+    wasted_tokens: int = 0
     finalized: bool = False
 
     def to_dict(self) -> dict[str, Any]:

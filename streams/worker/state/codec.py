@@ -75,8 +75,10 @@ _PLAIN = (  # small ints and short strings: JSON is already compact for them
     # added later (states written before lack them; decoded with these defaults):
     "last_turn_wants_tools",
     "deferred",
+    "wasted_steps",
+    "wasted_tokens",
 )
-_PLAIN_ADDED: tuple[Any, ...] = (None, [])  # defaults of the fields added last, in order
+_PLAIN_ADDED: tuple[Any, ...] = (None, [], 0, 0)  # defaults of the fields added last, in order
 _PLAIN_FIRST = len(_PLAIN) - len(_PLAIN_ADDED)  # width of _PLAIN in the first states
 _TIMES = ("max_end_ns", "start_ns", "last_end_ns", "root_end_ns", "guard_ns")
 _FLAGS = (
@@ -109,6 +111,9 @@ _LAYOUTS = {"docs": _DOCS}
 
 _get_plain, _get_times, _get_flags = (attrgetter(*names) for names in (_PLAIN, _TIMES, _FLAGS))
 _SPECIAL = ("run_id", "trace_id", "dedup", "pending", "last_key", "unresolved", "window", "streak")
+# Written after everything else, and only when there is something: states written before
+# they existed end there, and the names are pooled strings (the window's tool names).
+_TAIL = ("tool_versions",)
 
 
 def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_writer) -> bytes:
@@ -135,6 +140,9 @@ def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_
     w.item(len(state.unresolved))
     w.column(state.unresolved)
     w.rows([step.to_list() for step in state.pending])
+    if state.tool_versions:
+        w.item(len(state.tool_versions))
+        w.column([part for pair in state.tool_versions for part in pair])
     return w.finish()
 
 
@@ -193,12 +201,16 @@ def _decode_packed(data: bytes) -> RunState:
         fields[name] = r.mapping(_LAYOUTS.get(name))
     fields["unresolved"] = r.column(r.count())
     fields["pending"] = [Step.from_list(values) for values in r.rows()]
+    fields["tool_versions"] = []
+    if r.i < len(r.items):  # the tail (see _TAIL)
+        flat = r.column(2 * r.count())
+        fields["tool_versions"] = [list(pair) for pair in zip(flat[::2], flat[1::2], strict=True)]
     r.done()
     return RunState(**fields)
 
 
 # RunState without a place here would silently not survive a restart.
-_WRITTEN = (*_PLAIN, *_TIMES, *_FLAGS, *_BLOOMS, *_MAPS, *_SPECIAL)
+_WRITTEN = (*_PLAIN, *_TIMES, *_FLAGS, *_BLOOMS, *_MAPS, *_SPECIAL, *_TAIL)
 if sorted(_WRITTEN) != sorted(RunState.__dataclass_fields__):
     raise AssertionError(
         "streams.worker.state.codec: RunState fields and the codec's groups differ"
