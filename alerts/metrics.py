@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 PREFIX = "loopwatch_"
+VERSION_LABELS = ("kind", "service_name", "agent_name", "tool_name", "version")
 DEFAULT_LABEL_CAP = 50
 DEFAULT_METRICS_PORT = 9464
 UNKNOWN = "unknown"
@@ -209,6 +210,29 @@ class Metrics:
             ["prompt_version"],
             registry=r,
         )
+        # -- versions: what each version's runs did, and which version it replaced
+        # (detectors/versions.py; the LoopRateRegression rule joins these three)
+        self.version_runs = Counter(
+            PREFIX + "version_runs_total",
+            "Finished runs per version: of a prompt_version (kind=prompt, tool_name unknown) "
+            "or of a tool's version the run called (kind=tool).",
+            list(VERSION_LABELS),
+            registry=r,
+        )
+        self.version_looping_runs = Counter(
+            PREFIX + "version_looping_runs_total",
+            "Finished runs per version whose summary lists at least one loop shape.",
+            list(VERSION_LABELS),
+            registry=r,
+        )
+        self.version_info = Gauge(
+            PREFIX + "version_info",
+            "1 for each version this worker's partitions saw finish a run in the last 7 days, "
+            "labelled with the version first seen just before it in its service, agent and "
+            "tool (previous_version; none for the first).",
+            [*VERSION_LABELS, "previous_version"],
+            registry=r,
+        )
         self.run_steps = Histogram(
             PREFIX + "run_steps",
             "Steps per finished run.",
@@ -350,6 +374,39 @@ class Metrics:
         self.wasted_tokens.labels(
             shape=shape, prompt_version=prompt_version, tool_name=tool_name
         ).inc(_non_negative(event.get("wasted_tokens")))
+
+    def _version_labels(self, labels: list[Any]) -> dict[str, str]:
+        kind, service, agent, tool, version = labels
+        lim = self.limiter.value
+        return {
+            "kind": kind,
+            "service_name": lim("service_name", service),
+            "agent_name": lim("agent_name", agent),
+            "tool_name": lim("tool_name", tool or None),
+            # the same limiter values as the other metrics' version labels, so rules join
+            "version": lim("prompt_version" if kind == "prompt" else "tool_version", version),
+        }
+
+    def observe_version_run(self, labels: list[Any], looping: bool) -> None:
+        """One finished run on one version slice ([kind, service, agent, tool, version])."""
+        named = self._version_labels(labels)
+        self.version_runs.labels(**named).inc()
+        # touched, so that "0 looping runs" is a sample, not an absence
+        self.version_looping_runs.labels(**named).inc(1 if looping else 0)
+
+    def set_version_history(self, rows: list[Mapping[str, Any]]) -> None:
+        """Replace version_info by `rows` (detectors.versions.History.rows())."""
+        self.version_info.clear()
+        for row in rows:
+            kind = row["kind"]
+            named = self._version_labels(
+                [kind, row["service_name"], row["agent_name"], row["tool_name"], row["version"]]
+            )
+            previous = row.get("previous")
+            if previous is not None:
+                label = "prompt_version" if kind == "prompt" else "tool_version"
+                previous = self.limiter.value(label, previous)
+            self.version_info.labels(**named, previous_version=previous or "none").set(1)
 
     def observe_run(self, summary: Mapping[str, Any]) -> None:
         """Count one finished run from its run summary (contracts §6)."""

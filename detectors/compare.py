@@ -100,6 +100,15 @@ class Side:
     def count(self, shape: str) -> int:
         return self.looping if shape == OVERALL else self.by_shape.get(shape, 0)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "looping": self.looping,
+            "wasted_steps": self.wasted_steps,
+            "wasted_tokens": self.wasted_tokens,
+            "duplicate_side_effects": self.duplicate_side_effects,
+        }
+
 
 @dataclass(frozen=True)
 class Row:
@@ -175,3 +184,22 @@ def compare(
     """The overall row first, then one row per shape seen on either side (by name)."""
     shapes = sorted(set(baseline.by_shape) | set(candidate.by_shape))
     return [compare_row(s, baseline, candidate, alpha, min_runs) for s in (OVERALL, *shapes)]
+
+
+TEST = "fisher_exact_two_sided"
+
+
+def document(
+    rows: list[Row], baseline: Side, candidate: Side, *, alpha: float, min_runs: int
+) -> dict[str, Any]:
+    """A comparison as JSON (the gate's --json, GET /compare): the sides, the rows, and the
+    overall verdict."""
+    return {
+        "test": TEST,
+        "alpha": alpha,
+        "min_runs": min_runs,
+        "baseline": baseline.as_dict(),
+        "candidate": candidate.as_dict(),
+        "rows": [row.as_dict() for row in rows],
+        "verdict": rows[0].verdict if rows else TOO_FEW,
+    }

@@ -183,6 +183,9 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         "duration_seconds": round((state.last_end_ns - state.start_ns) / 1e9, 3)
         if state.start_ns
         else 0.0,
+        # event time, as OTLP spells it: what orders versions by their first run
+        "start_time_unix_nano": state.start_ns or 0,
+        "end_time_unix_nano": state.last_end_ns,
     }
     return findings, summary
 

@@ -115,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+")
     p.set_defaults(func=_lazy("streams.cli.produce", "cmd_produce"))
 
-    p = sub.add_parser("query", help="ask the on-call API: runs, loops, run RUN_ID")
-    p.add_argument("what", choices=["runs", "loops", "run"])
+    p = sub.add_parser(
+        "query", help="ask the on-call API: runs, loops, run RUN_ID, versions, compare"
+    )
+    p.add_argument("what", choices=["runs", "loops", "run", "versions", "compare"])
     p.add_argument("run_id", nargs="?", help="run: a run id or its first 8+ hex characters")
     p.add_argument("--by", default="shape,prompt_version,tool_version")
     for flag, label in (
@@ -127,7 +129,29 @@ def build_parser() -> argparse.ArgumentParser:
         ("--service", "service_name"),
         ("--agent", "agent_name"),
     ):
-        p.add_argument(flag, dest=f"where_{label}", metavar="VALUE", help=f"loops: only {label}")
+        p.add_argument(
+            flag,
+            dest=f"where_{label}",
+            metavar="VALUE",
+            help=f"loops, versions: only {label}; compare: the candidate's {label}",
+        )
+    p.add_argument(
+        "--baseline",
+        metavar="VERSION",
+        help="compare: the version to compare with (default: the one the candidate replaced)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=_fraction,
+        default=None,
+        help="compare: significance level (default 0.05)",
+    )
+    p.add_argument(
+        "--min-runs",
+        type=_positive_int,
+        default=None,
+        help="compare: finished runs a side before a verdict (default 30)",
+    )
     p.add_argument(
         "--runs",
         action="store_true",
@@ -136,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limit", type=_positive_int, default=20, help="--runs: episodes to list (default 20)"
     )
-    p.add_argument("--since", default="1h")
+    p.add_argument(
+        "--since",
+        default=None,
+        help="look-back window (loops, runs: 1h; versions: 7d; compare: 24h)",
+    )
     p.add_argument(
         "--url",
         default=None,

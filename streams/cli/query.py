@@ -3,6 +3,8 @@
     loopwatch query loops [--by shape,prompt_version,tool_version] [--since 1h]  GET /loops
     loopwatch query runs  [--since 1h]                                            GET /runs
     loopwatch query run RUN_ID                                                    GET /runs/ID
+    loopwatch query versions [--service S] [--since 7d]                           GET /versions
+    loopwatch query compare --prompt-version V [--baseline W] [--since 24h]       GET /compare
 
 The API is at --url, else $LOOPWATCH_API, else http://127.0.0.1:6066; a bearer token is sent
 when $LOOPWATCH_API_TOKEN is set. Answers are rendered as aligned tables (largest count
@@ -28,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from detectors.errors import LoopwatchError
+from streams.cli import query_versions
 from streams.cli.render import Block, table, write
 from streams.worker.api import params as api_params
 
@@ -625,11 +628,21 @@ def cmd_query(args: argparse.Namespace) -> int:
             raise LoopwatchError("`loopwatch query run` needs a RUN_ID")
     elif run_id is not None:
         raise LoopwatchError(f"`loopwatch query {what}` takes no RUN_ID (did you mean `run`?)")
-    since = parse_since(args.since) if what != "run" else ""
+    comparing = what in ("versions", "compare")
+    since_text = args.since
+    if since_text is None:
+        since_text = query_versions.default_since(what) if comparing else "1h"
+    since = parse_since(since_text) if what != "run" else ""
     by = parse_by(args.by) if what == "loops" else []
     where = parse_where(args)
-    if where and what != "loops":
+    if where and what not in ("loops", "versions", "compare"):
         raise LoopwatchError(f"`loopwatch query {what}` takes no label filter (they are for loops)")
+    if not comparing and (
+        getattr(args, "baseline", None) is not None
+        or getattr(args, "alpha", None) is not None
+        or getattr(args, "min_runs", None) is not None
+    ):
+        raise LoopwatchError("--baseline, --alpha and --min-runs are for `loopwatch query compare`")
     episodes = bool(getattr(args, "runs", False))
     if episodes and what != "loops":
         raise LoopwatchError("--runs lists the runs behind a slice of `loopwatch query loops`")
@@ -639,9 +652,12 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise LoopwatchError("--timeout must be positive")
     client = ApiClient(_base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), timeout)
 
-    if what == "run":
+    params: dict[str, str]
+    if comparing:
+        path, params = query_versions.request(what, args, since, where)
+    elif what == "run":
         path = "/runs/" + urllib.parse.quote(run_id, safe="")
-        params: dict[str, str] = {}
+        params = {}
     elif what == "loops" and episodes:
         path, params = "/episodes", {"since": since, "limit": str(limit), **where}
     elif what == "loops":
@@ -669,6 +685,9 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.json:
         _print_json(body)
+        return 0
+    if comparing:
+        query_versions.show(what, doc, since)
         return 0
     if what == "loops" and episodes:
         lines = render_episodes(doc, since, where)

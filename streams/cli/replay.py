@@ -14,9 +14,11 @@ from typing import IO, Any
 
 from alerts.trace_links import TraceLinks
 from detectors.compare import TOO_FEW, WORSE, Row, Side, compare
+from detectors.compare import document as comparison_document
 from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
 from streams.cli.common import config_path, open_output
+from streams.cli.comparison import comparison_blocks
 from streams.cli.render import Block, ReplayProgress, table, to_text
 from streams.runtime import tune_gc
 
@@ -235,9 +237,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
             )
         rows = compare(baseline, candidate, alpha=args.alpha, min_runs=args.min_runs)
         breaches += comparison_breaches(rows, candidate, args.fail_on_too_few)
-        document = comparison_document(rows, baseline, candidate, args)
+        document = comparison_document(
+            rows, baseline, candidate, alpha=args.alpha, min_runs=args.min_runs
+        )
         if not args.json:
-            print(to_text(comparison_blocks(rows, baseline, candidate, args)))
+            print(to_text(comparison_blocks(document)))
     elif not args.json:
         print(format_table(replay))
     if args.json:
@@ -266,80 +270,3 @@ def comparison_breaches(rows: list[Row], candidate: Side, fail_on_too_few: bool)
             f"not enough runs to tell (--fail-on-too-few): {rows[0].baseline[1]} and {rows[0].candidate[1]}"
         )
     return out
-
-
-def _rate(k: int, n: int, interval: tuple[float, float]) -> str:
-    rate = k / n if n else 0.0
-    return f"{k}/{n} {rate:.1%} [{interval[0]:.1%}-{interval[1]:.1%}]"
-
-
-def _per_run(total: int, runs: int) -> str:
-    return f"{total / runs:,.2f}" if runs else "-"
-
-
-def comparison_blocks(
-    rows: list[Row], baseline: Side, candidate: Side, args: argparse.Namespace
-) -> list[Block]:
-    cells = []
-    for row in rows:
-        verdict = row.verdict
-        if row.runs_needed is not None:
-            verdict += f" (a difference this size needs about {row.runs_needed:,} runs a side)"
-        cells.append(
-            [
-                row.shape,
-                _rate(*row.baseline, row.baseline_interval),
-                _rate(*row.candidate, row.candidate_interval),
-                "-" if row.ratio is None else f"x{row.ratio:.2f}",
-                f"{row.p_value:.2g}",
-                verdict,
-            ]
-        )
-    headers = ["shape", "baseline looping runs", "candidate looping runs", "ratio", "p", "verdict"]
-    costs = [
-        [
-            "wasted steps per run",
-            _per_run(baseline.wasted_steps, baseline.runs),
-            _per_run(candidate.wasted_steps, candidate.runs),
-        ],
-        [
-            "wasted tokens per run",
-            _per_run(baseline.wasted_tokens, baseline.runs),
-            _per_run(candidate.wasted_tokens, candidate.runs),
-        ],
-        [
-            "duplicate side effects",
-            str(baseline.duplicate_side_effects),
-            str(candidate.duplicate_side_effects),
-        ],
-    ]
-    return [
-        table(headers, cells, {3, 4}),
-        "",
-        table(["cost", "baseline", "candidate"], costs, {1, 2}),
-        "",
-        f"Fisher's exact test (two-sided) at alpha {args.alpha:g}; rates with 95% Wilson "
-        f"intervals; a verdict needs {args.min_runs} finished runs a side",
-    ]
-
-
-def comparison_document(
-    rows: list[Row], baseline: Side, candidate: Side, args: argparse.Namespace
-) -> dict[str, Any]:
-    def side(s: Side) -> dict[str, Any]:
-        return {
-            "runs": s.runs,
-            "looping": s.looping,
-            "wasted_steps": s.wasted_steps,
-            "wasted_tokens": s.wasted_tokens,
-            "duplicate_side_effects": s.duplicate_side_effects,
-        }
-
-    return {
-        "test": "fisher_exact_two_sided",
-        "alpha": args.alpha,
-        "min_runs": args.min_runs,
-        "baseline": side(baseline),
-        "candidate": side(candidate),
-        "rows": [row.as_dict() for row in rows],
-    }

@@ -92,6 +92,8 @@ class LoopwatchService:
             RETAINED_TABLE,
             RUN_COUNTS_TABLE,
             RUNS_TABLE,
+            VERSION_COUNTS_TABLE,
+            VERSIONS_TABLE,
             WINDOW_EXPIRES_SECONDS,
             WINDOW_SECONDS,
         )
@@ -156,6 +158,8 @@ class LoopwatchService:
         # windowed counters: json keys ((label key, (start, end))) and int values
         loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
         run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
+        version_counts_raw = app.Table(VERSION_COUNTS_TABLE, default=int, **opts())
+        self.versions = app.Table(VERSIONS_TABLE, **opts(), **as_bytes)
         self.all_tables = (
             self.runs,
             self.finished,
@@ -163,6 +167,8 @@ class LoopwatchService:
             self.episodes,
             loop_counts_raw,
             run_counts_raw,
+            version_counts_raw,
+            self.versions,
         )
         tables = Tables(
             self.runs,
@@ -173,6 +179,8 @@ class LoopwatchService:
             retained=self.retained,
             episodes=self.episodes,
             scan=faust_internals.partition_items,
+            versions=self.versions,
+            version_counts=windowed(version_counts_raw),
         )
         self.worker = worker = Worker(
             s,
@@ -258,6 +266,8 @@ class LoopwatchService:
             worker.health,
             s.trace_links,
             self.assigned_partitions,
+            versions=self.versions,
+            version_counts=version_counts_raw,
         ).wire()
 
     def assigned_partitions(self) -> set[int]:

@@ -69,8 +69,10 @@ class Corpus:
         self.event_ids: set[str] = set()
         self.events: list[dict[str, Any]] = []
         self.runs: set[tuple[str, str]] = set()
+        self.summaries: list[dict[str, Any]] = []
         for messages in self.files.values():
             events, summaries = replay_messages(messages, policy, FINGERPRINT_KEY.encode())
+            self.summaries.extend(summaries)
             self.events.extend(events)
             self.event_ids |= {e["event_id"] for e in events}
             self.runs |= {(s["run_id"], s["outcome"]) for s in summaries}
@@ -445,6 +447,83 @@ def test_api_aggregates(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
     assert got == outcomes
 
 
+def expected_comparison(corpus: Corpus) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """From the replay's summaries, by hand: every version with the one first seen before it
+    in its service and agent, and support-v13 against support-v12 where both ran (the
+    example corpus has both in service support-bot, agent support)."""
+    first: dict[tuple[Any, ...], int] = {}
+    for s in corpus.summaries:
+        keys = [("prompt", s["service_name"], s["agent_name"], None, s["prompt_version"])]
+        keys += [("tool", s["service_name"], s["agent_name"], t, v) for t, v in s["tool_versions"]]
+        for key in keys:
+            if key[-1]:
+                first[key] = min(
+                    first.get(key, s["start_time_unix_nano"]), s["start_time_unix_nano"]
+                )
+    previous = {}
+    for key in first:
+        older = [k for k in first if k[:4] == key[:4] and first[k] < first[key]]
+        previous[key] = max(older, key=lambda k: first[k])[-1] if older else None
+
+    def side(version: str) -> dict[str, int]:
+        runs = [
+            s
+            for s in corpus.summaries
+            if (s["service_name"], s["agent_name"], s["prompt_version"])
+            == ("support-bot", "support", version)
+        ]
+        return {"runs": len(runs), "looping": sum(1 for s in runs if s["shapes"])}
+
+    return [{"key": k, "previous": p} for k, p in sorted(previous.items(), key=str)], {
+        "support-v12": side("support-v12"),
+        "support-v13": side("support-v13"),
+    }
+
+
+def test_api_versions_and_compare(keyed_worker: dict[str, Any], corpus: Corpus) -> None:
+    worker: WorkerProc = keyed_worker["worker"]
+    run_outcomes(worker, corpus.runs)
+    versions, sides = expected_comparison(corpus)
+    assert sides["support-v12"]["runs"] > 10 and sides["support-v13"]["runs"] > 0
+
+    # this worker's records (scope=local: no window, every version it holds)
+    status, doc = worker.api("/versions?scope=local", token=TOKEN)
+    assert status == 200, doc
+    got = [
+        {
+            "key": (
+                r["kind"],
+                r["service_name"],
+                r["agent_name"],
+                r["tool_name"],
+                r["version"],
+            ),
+            "previous": r["previous"],
+        }
+        for r in doc["versions"]
+    ]
+    assert sorted(got, key=str) == versions
+    assert sum(r["runs"] for r in doc["versions"] if r["kind"] == "prompt") == len(
+        [s for s in corpus.summaries if s["prompt_version"]]
+    )
+
+    status, doc = worker.api("/compare?prompt_version=support-v13", token=TOKEN)
+    assert status == 200, doc
+    assert doc["baseline"]["version"] == "support-v12" and doc["baseline"]["chosen"] == "previous"
+    for name, side in (("baseline", "support-v12"), ("candidate", "support-v13")):
+        assert {k: doc[name][k] for k in ("runs", "looping")} == sides[side], doc
+    assert doc["rows"][0]["verdict"] == "not enough runs" and doc["since"] == "24h"
+
+    for path, status_want in (
+        ("/compare?prompt_version=support-v99", 404),  # the open run has not finished
+        ("/compare?prompt_version=research-v4", 404),  # the first of its service
+        ("/compare?prompt_version=support-v13&baseline=support-v13", 400),
+        ("/compare?tool_name=lookup_order", 400),
+    ):
+        status, doc = worker.api(path, token=TOKEN)
+        assert status == status_want and doc["error"], (path, doc)
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -640,6 +719,22 @@ def test_two_workers_split_partitions_and_answer_for_each_other(
             for w in (a, b)
         ]
         assert sum(local) == len(corpus.events) + len(open_runs) and all(local)
+        # a version's predecessor and its comparison need every worker's share
+        _versions, sides = expected_comparison(corpus)
+        compared = [w.api("/compare?prompt_version=support-v13")[1] for w in (a, b)]
+        assert compared[0] == compared[1], compared
+        assert compared[0]["baseline"]["version"] == "support-v12"
+        for name, side in (("baseline", "support-v12"), ("candidate", "support-v13")):
+            assert {k: compared[0][name][k] for k in ("runs", "looping")} == sides[side]
+        prompt_runs = [
+            sum(
+                r["runs"]
+                for r in w.api("/versions?scope=local")[1]["versions"]
+                if r["kind"] == "prompt"
+            )
+            for w in (a, b)
+        ]
+        assert sum(prompt_runs) == len(corpus.summaries) and all(prompt_runs), prompt_runs
         assert b.stop() == 0
     finally:
         if b.alive():

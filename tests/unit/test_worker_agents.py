@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from streams.worker.kafka.input_clock import InputClock
 from streams.worker.service import Worker
 from streams.worker.settings import WorkerSettings
 from streams.worker.state.store import Tables, decode_envelope
+from streams.worker.state.versions import history_of
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 
@@ -286,6 +287,59 @@ async def test_ticks_finalize_due_runs(service: Any) -> None:
     assert run.trace_id.encode() not in service.tables.runs
     assert run.trace_id.encode() in service.tables.finished
     assert sum(service.tables.run_counts.values()) == 1
+
+
+async def test_a_finished_run_counts_on_its_versions_and_exports_their_history(
+    service: Any,
+) -> None:
+    """The versions table (which version replaced which), the windowed measures of each
+    version and the version metrics: written when the run's summary goes out."""
+    for trace, version in ((7, "support-v12"), (8, "support-v13")):
+        run = Run(trace=trace, prompt_version=version)
+        for _ in range(3):
+            run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+        run.root()
+        await service.ingest.record(
+            Ev(Msg("otlp_spans", 0, trace, None, encode_request(run.spans)))
+        )
+        msg = service.topics["steps"].sent[-1]
+        p = msg["partition"]
+        await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 2 * trace, None, msg["value"]))])
+        deadline = service.driver.index.get(run.trace_id)
+        service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
+        await detect_batch(
+            service, [Ev(Msg("loopwatch-steps", p, 2 * trace + 1, None, b'{"tick":1}'))]
+        )
+    history = history_of(service.tables.versions.items())
+    rows = {(r["kind"], r["tool_name"], r["version"]): r for r in history.rows()}
+    assert set(rows) == {
+        ("prompt", None, "support-v12"),
+        ("prompt", None, "support-v13"),
+        ("tool", "lookup_order", "3"),
+    }
+    assert rows[("prompt", None, "support-v13")]["previous"] == "support-v12"
+    assert rows[("tool", "lookup_order", "3")]["runs"] == 2
+    measures = Counter()
+    for key, n in service.tables.version_counts.items():
+        labels = json.loads(key)[:-1]
+        measures[(labels[0], labels[4], labels[5])] += n
+    assert measures[("prompt", "support-v13", "runs")] == 1
+    assert measures[("prompt", "support-v13", "looping")] == 1
+    assert measures[("prompt", "support-v13", "shape:identical_repetition")] == 1
+    assert measures[("tool", "3", "runs")] == 2
+    registry = service.metrics.registry
+    labels = {"service_name": "support-bot", "agent_name": "support", "tool_name": "unknown"}
+    for version in ("support-v12", "support-v13"):
+        named = {"kind": "prompt", "version": version, **labels}
+        assert registry.get_sample_value("loopwatch_version_runs_total", named) == 1
+        assert registry.get_sample_value("loopwatch_version_looping_runs_total", named) == 1
+    info = {"kind": "prompt", "version": "support-v13", **labels}
+    assert (
+        registry.get_sample_value(
+            "loopwatch_version_info", {**info, "previous_version": "support-v12"}
+        )
+        == 1
+    )
 
 
 async def test_unkeyed_finalization_waits_for_the_input_backlog(service: Any) -> None:

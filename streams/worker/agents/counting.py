@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from detectors.versions import LOOPING, History, Seen, Slice, run_measures, seen_of, slices_of
 from streams.worker.agents.checkpoint import write_error
 from streams.worker.agents.driver import Outputs
+from streams.worker.state import versions as version_records
 from streams.worker.state.store import Tables
 from streams.worker.state.window_keys import aggregate_key
+
+VERSION_INFO_SECONDS = 7 * 86400  # versions exported in loopwatch_version_info
 
 
 class Counting:
@@ -17,6 +21,7 @@ class Counting:
         self.metrics = metrics
         self.counters = counters
         self.tables = tables
+        self.known_versions: set[Slice] = set()  # the slices version_info was built with
 
     def count(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
         """Count delivered `outputs`; `events_of[partition]` routes a partition's table
@@ -24,6 +29,8 @@ class Counting:
         m = self.metrics
         loops: dict[tuple[int, str], int] = {}
         runs: dict[tuple[int, str], int] = {}
+        version_counts: dict[tuple[int, str], int] = {}
+        seen: dict[tuple[int, Slice], Seen] = {}
 
         def count_loop(partition: int, ev: dict[str, Any], run: dict[str, Any]) -> None:
             """`run`: where the run-level labels come from (the event, or for an event that
@@ -59,6 +66,7 @@ class Counting:
                 group = (partition, aggregate_key(labels, partition))
                 runs[group] = runs.get(group, 0) + 1
                 self.counters["runs_finished"] += 1
+                self.count_versions(partition, summary, version_counts, seen)
             if out.duplicate_spans:
                 m.duplicate_spans.inc(out.duplicate_spans)
             if out.late_spans:
@@ -75,5 +83,52 @@ class Counting:
             for (partition, label_key), n in runs.items():
                 with tables.in_event(events_of[partition]):
                     tables.run_counts[label_key] += n
+            for (partition, label_key), n in version_counts.items():
+                with tables.in_event(events_of[partition]):
+                    tables.version_counts[label_key] += n
+            for (partition, key), record in seen.items():
+                raw_key = version_records.version_key(key, partition)
+                with tables.in_event(events_of[partition]):
+                    old = tables.versions.get(raw_key)
+                    tables.versions[raw_key] = version_records.merged(old, record)
         except Exception as exc:
             raise write_error(exc) from exc
+        if any(key not in self.known_versions for _p, key in seen):
+            self.export_version_history()
+
+    def count_versions(
+        self,
+        partition: int,
+        summary: dict[str, Any],
+        counts: dict[tuple[int, str], int],
+        seen: dict[tuple[int, Slice], Seen],
+    ) -> None:
+        """A finished run on each of its version slices: its measures (windowed) and its
+        sighting (the versions table)."""
+        slices = slices_of(summary)
+        if not slices:
+            return
+        measures = run_measures(summary)
+        sighting = seen_of(summary)
+        for key in slices:
+            labels = key.labels()
+            self.metrics.observe_version_run(labels, LOOPING in measures)
+            for name, n in measures.items():
+                group = (partition, aggregate_key([*labels, name], partition))
+                counts[group] = counts.get(group, 0) + n
+            have = seen.get((partition, key))
+            if have is None:
+                seen[(partition, key)] = Seen(sighting.first_ns, sighting.last_ns, 1)
+            else:
+                have.merge(sighting)
+
+    def export_version_history(self) -> None:
+        """loopwatch_version_info from this worker's partitions' records: rebuilt when a
+        slice appears that it was not built with (new versions are rare)."""
+        history: History = version_records.history_of(self.tables.versions.items())
+        self.known_versions = set(history.seen)
+        rows = history.rows()
+        # event time: the 7 days before the newest run seen, whatever the clocks say
+        cutoff = max((row["last_ns"] for row in rows), default=0) - VERSION_INFO_SECONDS * 10**9
+        rows = [row for row in rows if row["last_ns"] >= cutoff]
+        self.metrics.set_version_history(rows)

@@ -33,9 +33,20 @@ from streams.worker.api.answers import (
     window,
 )
 from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
+from streams.worker.api.versions import (
+    DEFAULT_COMPARE_SINCE,
+    DEFAULT_VERSIONS_SINCE,
+    NotFound,
+    answer_compare,
+    local_share,
+    merged_history,
+    parse_compare,
+    versions_rows,
+)
 from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS
 from streams.worker.state import retained
 from streams.worker.state.retained import Retention, retention_doc
+from streams.worker.state.versions import history_of
 
 
 class Views:
@@ -56,6 +67,8 @@ class Views:
         health: Callable[[], dict[str, Any]],
         links: TraceLinks | None = None,
         partitions: Callable[[], set[int]] = set,
+        versions: Any = None,
+        version_counts: Any = None,
     ) -> None:
         self.app = app
         self.runs = runs
@@ -69,6 +82,8 @@ class Views:
         self.health = health
         self.links = links
         self.partitions = partitions  # the table partitions this worker owns
+        self.versions = versions if versions is not None else {}
+        self.version_counts = version_counts if version_counts is not None else {}
 
     def wire(self) -> None:
         app = self.app
@@ -233,6 +248,57 @@ class Views:
             rows = merge_episodes([rows, *(d.get("rows", []) for d in docs)], limit)
             return view.json({"where": where, **covered, "rows": rows})
 
+        async def versions_page(view: Any, request: Any) -> Any:
+            """GET /versions: every version seen since (7d), with the one it replaced."""
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                since, seconds = parse_since(request.query.get("since", DEFAULT_VERSIONS_SINCE))
+                where = parse_filters(request.query)
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            mine = {"versions": history_of(views.versions.items()).rows()}
+            if request.query.get("scope") == "local":
+                return view.json(mine)
+            try:
+                docs = await views.peer_docs(request)
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            history = merged_history([mine, *docs])
+            cutoff = time.time_ns() - seconds * 10**9
+            rows = versions_rows(
+                history, cutoff, where.get("service_name"), where.get("agent_name")
+            )
+            return view.json({"since": since, "where": where, "rows": rows})
+
+        async def compare_page(view: Any, request: Any) -> Any:
+            """GET /compare: a version's loop rate against the one it replaced (or
+            baseline=), per shape, with Fisher's exact test."""
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                since, seconds = parse_since(request.query.get("since", DEFAULT_COMPARE_SINCE))
+                ask = parse_compare(request.query)
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
+            mine = local_share(
+                views.versions.items(), views.version_counts.items(), seconds, time.time()
+            )
+            if request.query.get("scope") == "local":
+                return view.json(mine)
+            try:
+                docs = await views.peer_docs(request)
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            try:
+                doc = answer_compare(ask, [mine, *docs], covered)
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            except NotFound as exc:
+                return view.json({"error": str(exc)}, status=404)
+            return view.json(doc)
+
         app.page("/healthz")(healthz)
         app.page("/readyz")(healthz)
         app.page("/livez")(livez)
@@ -241,6 +307,8 @@ class Views:
         app.page("/find")(find_page)
         app.page("/episodes")(episodes_page)
         app.page("/runs")(runs_page)
+        app.page("/versions")(versions_page)
+        app.page("/compare")(compare_page)
 
     async def gather_peers(
         self, request: Any, rows: list[dict[str, Any]], by: list[str], value_name: str

@@ -34,6 +34,8 @@ LOOP_COUNTS_TABLE = "loop_counts"
 RUN_COUNTS_TABLE = "run_counts"
 RETAINED_TABLE = "retained"
 EPISODES_TABLE = "episodes"
+VERSIONS_TABLE = "versions"  # which version replaced which (detectors/versions.py)
+VERSION_COUNTS_TABLE = "version_counts"  # what each version's finished runs did, windowed
 WINDOW_SECONDS = 60.0
 WINDOW_EXPIRES_SECONDS = 24 * 3600.0
 
@@ -128,6 +130,11 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
             (EPISODES_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": retained_ms}),
             (LOOP_COUNTS_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": window_ms}),
             (RUN_COUNTS_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": window_ms}),
+            (VERSIONS_TABLE, {"cleanup.policy": "compact"}),
+            (
+                VERSION_COUNTS_TABLE,
+                {"cleanup.policy": "compact,delete", "retention.ms": window_ms},
+            ),
         )
     ]
 

@@ -14,6 +14,7 @@ streams/worker/state/episodes.py. Every write of a batch is staged and applied t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 from collections import OrderedDict
@@ -282,3 +283,7 @@ class Tables:
     retained: Table = field(default_factory=dict)
     episodes: Table = field(default_factory=dict)
     scan: Scan | None = None  # a partition's items in key order (None: plain mappings)
+    # which version replaced which, and the windowed counts of each version's runs
+    # (streams/worker/agents/counting.py, detectors/versions.py)
+    versions: Table = field(default_factory=dict)
+    version_counts: Any = field(default_factory=lambda: collections.defaultdict(int))
