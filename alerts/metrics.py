@@ -227,9 +227,11 @@ class Metrics:
         )
         self.version_info = Gauge(
             PREFIX + "version_info",
-            "1 for each version this worker's partitions saw finish a run in the last 7 days, "
-            "labelled with the version first seen just before it in its service, agent and "
-            "tool (previous_version; none for the first).",
+            "The latest 5 versions of each service, agent and tool this worker's partitions "
+            "saw finish a run, each labelled with the version first seen just before it in its service, agent and "
+            "tool (previous_version; none for the first); the value is when that previous "
+            "version was first seen (unix seconds; 0 for none), so that where workers "
+            "disagree the rules pick the latest predecessor (topk).",
             [*VERSION_LABELS, "previous_version"],
             registry=r,
         )
@@ -406,7 +408,10 @@ class Metrics:
             if previous is not None:
                 label = "prompt_version" if kind == "prompt" else "tool_version"
                 previous = self.limiter.value(label, previous)
-            self.version_info.labels(**named, previous_version=previous or "none").set(1)
+            first_ns = row.get("previous_first_ns") or 0
+            self.version_info.labels(**named, previous_version=previous or "none").set(
+                first_ns / 1e9
+            )
 
     def observe_run(self, summary: Mapping[str, Any]) -> None:
         """Count one finished run from its run summary (contracts §6)."""

@@ -153,12 +153,18 @@ class History:
         at = order.index(key) if key in order else -1
         return order[at - 1] if at > 0 else None
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every slice with its record and predecessor: by group, oldest version first."""
+    def rows(self, latest: int | None = None) -> list[dict[str, Any]]:
+        """Every slice with its record and predecessor: by group, oldest version first;
+        `latest`: only each group's newest versions."""
         out = []
         for group in sorted({k.group for k in self.seen}, key=_group_order):
             before: Slice | None = None
-            for key in self.ordered(group):
+            order = self.ordered(group)
+            first = 0 if latest is None else max(0, len(order) - latest)
+            for at, key in enumerate(order):
+                if at < first:
+                    before = key
+                    continue
                 seen = self.seen[key]
                 out.append(
                     {
@@ -167,6 +173,7 @@ class History:
                         "last_ns": seen.last_ns,
                         "runs": seen.runs,
                         "previous": before.version if before is not None else None,
+                        "previous_first_ns": self.seen[before].first_ns if before else None,
                     }
                 )
                 before = key

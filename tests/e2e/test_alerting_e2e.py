@@ -31,11 +31,17 @@ the clean window's, so they run in that order whatever tests are selected):
    Prometheus in any state (pending included) and no webhook call.
 2. **loops**: 32 runs of prompt_version ``e2e-loop-v1`` (26 with an identical_repetition
    loop on ``lookup_order``, 6 clean), fed a few at a time so the counters grow across
-   scrapes, plus the ``duplicate_side_effect__refund_twice`` example. Expected: in
-   Prometheus DuplicateSideEffect (page) and LoopRateHigh (page, the slice; then the two
-   tickets) with the slice's shape / prompt_version / tool_name / tool_version labels;
-   through Alertmanager exactly ONE notification per group, both on the pager receiver,
-   while the two LoopRateHigh tickets are inhibited (never reach the ticket webhook).
+   scrapes, plus the ``duplicate_side_effect__refund_twice`` example. ``e2e-loop-v1`` is
+   first seen after ``e2e-clean-v1`` in the same service and agent: it replaced it.
+   Expected: in Prometheus DuplicateSideEffect (page), LoopRateHigh (page, the slice; then
+   the two tickets) with the slice's shape / prompt_version / tool_name / tool_version
+   labels, and LoopRateRegression (page) naming ``e2e-loop-v1`` and ``e2e-clean-v1``;
+   through Alertmanager exactly ONE notification per group, all on the pager receiver,
+   while the LoopRateHigh tickets (and, once the regression fires, the LoopRateHigh page)
+   are inhibited; the regression's `query compare` annotation, run verbatim, shows the
+   difference with its p-value.
+3. **a clean rollout**: 24 clean runs of ``e2e-clean-v2``, which replaces ``e2e-loop-v1``:
+   its regression ratio is recorded (0) and LoopRateRegression stays quiet for it.
 
 The expected events (shapes and label values) come from `loopwatch replay`'s engine over
 the same records (`replay_messages`), not from the worker.
@@ -61,6 +67,7 @@ from typing import Any
 import pytest
 import yaml
 
+from detectors.compare import fisher_exact
 from detectors.policy import load_policy
 from streams.spanpath.otlp import decode_proto
 from tests.e2e.prom_support import (
@@ -87,6 +94,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.prometheus]
 
 CLEAN_PV = "e2e-clean-v1"
 LOOP_PV = "e2e-loop-v1"
+CLEAN_PV2 = "e2e-clean-v2"
 GROUP_BY = ("alertname", "shape", "prompt_version", "tool_version")
 SLICE = ("shape", "prompt_version", "tool_name", "tool_version")
 REPO = Path(__file__).resolve().parents[2]
@@ -487,7 +495,8 @@ def loop_window(stack: Stack, clean_window: CleanWindow) -> LoopWindow:
         names = Counter((a["labels"]["alertname"], a["labels"]["severity"],
                          a["labels"].get("scope", "")) for a in got)  # fmt: skip
         want = {("DuplicateSideEffect", "page", ""), ("LoopRateHigh", "page", "slice"),
-                ("LoopRateHigh", "ticket", "slice"), ("LoopRateHigh", "ticket", "prompt_version")}  # fmt: skip
+                ("LoopRateHigh", "ticket", "slice"), ("LoopRateHigh", "ticket", "prompt_version"),
+                ("LoopRateRegression", "page", "")}  # fmt: skip
         return got if set(names) >= want else None
 
     try:
@@ -496,14 +505,18 @@ def loop_window(stack: Stack, clean_window: CleanWindow) -> LoopWindow:
             lambda: len([c for c in stack.sink.calls if c.path == "/loopwatch/pager"]) >= 2,
             TIMEOUT, "two pager notifications",
         )  # fmt: skip
-        got = wait_for(wanted_firing, 30, "DuplicateSideEffect and LoopRateHigh page + tickets")
-        # the tickets reached Alertmanager and are held back there by the inhibit rules
+        got = wait_for(
+            wanted_firing,
+            30,
+            "DuplicateSideEffect, LoopRateHigh page + tickets, LoopRateRegression",
+        )
+        # the LoopRateHigh alerts reached Alertmanager and are held back there by the
+        # inhibit rules (the tickets by the page, all three by the regression)
         wait_for(
             lambda: len([a for a in stack.am_alerts()
                          if a["labels"]["alertname"] == "LoopRateHigh"
-                         and a["labels"]["severity"] == "ticket"
-                         and a["status"]["state"] == "suppressed"]) == 2,
-            15, "two suppressed LoopRateHigh tickets in Alertmanager",
+                         and a["status"]["state"] == "suppressed"]) == 3,
+            15, "three suppressed LoopRateHigh alerts in Alertmanager",
         )  # fmt: skip
     except BaseException:
         print(stack.diagnostics())
@@ -527,7 +540,16 @@ def test_loop_alerts_fire_in_prometheus_with_slice_labels(loop_window: LoopWindo
         ("LoopRateHigh", "page", "slice"),
         ("LoopRateHigh", "ticket", "slice"),
         ("LoopRateHigh", "ticket", "prompt_version"),
+        ("LoopRateRegression", "page", ""),
     }, w.firing
+    [regression] = by_kind[("LoopRateRegression", "page", "")]
+    assert {k: regression["labels"][k] for k in ("kind", "version", "previous_version")} == {
+        "kind": "prompt",
+        "version": LOOP_PV,
+        "previous_version": CLEAN_PV,
+    }
+    assert regression["labels"]["prompt_version"] == LOOP_PV  # what the inhibition matches
+    assert float(regression["value"]) >= 2  # x its predecessor's loop rate
 
     assert {labels_of(a) for a in by_kind[("DuplicateSideEffect", "page", "")]} == w.dup_slices
     for kind in (("LoopRateHigh", "page", "slice"), ("LoopRateHigh", "ticket", "slice")):
@@ -563,20 +585,27 @@ def test_one_grouped_notification_per_group_on_the_pager(
 
     dup_groups = {("DuplicateSideEffect", s[0], s[1], s[3]) for s in w.dup_slices}
     page_groups = {("LoopRateHigh", s[0], s[1], s[3]) for s in w.rate_slices}
-    assert set(by_group) == dup_groups | page_groups
+    regression_groups = {("LoopRateRegression", "", LOOP_PV, "")}
+    # The slice's LoopRateHigh page (for 5m) fires before the regression (for 10m) and is
+    # sent unless the regression fired within group_wait of it; after that it is inhibited.
+    assert (
+        dup_groups | regression_groups
+        <= set(by_group)
+        <= (dup_groups | regression_groups | page_groups)
+    )
     for group, calls in by_group.items():
         assert len(calls) == 1, f"{group}: {len(calls)} notifications"
         payload = calls[0].payload
         assert payload["receiver"] == "loopwatch-pager"
         assert payload["status"] == "firing"
         assert payload["version"] == "4"
-        assert set(payload["groupLabels"]) == set(GROUP_BY)
-        assert payload["groupLabels"] == dict(zip(GROUP_BY, group, strict=True))
+        # (a label the alert does not carry is no group label: the regression has no shape)
+        assert payload["groupLabels"] == {k: v for k, v in zip(GROUP_BY, group, strict=True) if v}
         [alert] = payload["alerts"]
         assert alert["status"] == "firing"
         assert alert["labels"]["severity"] == "page"
-        assert tuple(alert["labels"][k] for k in GROUP_BY) == group
-        assert alert["labels"]["tool_name"] in {"issue_refund", "lookup_order"}
+        assert tuple(alert["labels"].get(k, "") for k in GROUP_BY) == group
+        assert alert["labels"]["tool_name"] in {"issue_refund", "lookup_order", "unknown"}
         assert {"summary", "description", "query", "runbook", "dashboard"} <= set(
             alert["annotations"]
         )
@@ -584,7 +613,9 @@ def test_one_grouped_notification_per_group_on_the_pager(
         assert payload.get("truncatedAlerts", 0) == 0
 
 
-def test_loop_rate_tickets_are_inhibited_not_sent(loop_window: LoopWindow) -> None:
+def test_loop_rate_alerts_are_inhibited_by_the_page_and_the_regression(
+    loop_window: LoopWindow,
+) -> None:
     w = loop_window
     tickets = [a for a in w.am_alerts if a["labels"]["severity"] == "ticket"]
     assert len(tickets) == 2, [a["labels"] for a in w.am_alerts]
@@ -593,9 +624,12 @@ def test_loop_rate_tickets_are_inhibited_not_sent(loop_window: LoopWindow) -> No
         assert a["status"]["state"] == "suppressed", a
         assert a["status"]["inhibitedBy"], a
         assert a["receivers"][0]["name"] == "loopwatch-ticket"
-    pages = [a for a in w.am_alerts if a["labels"]["severity"] == "page"]
-    assert {a["status"]["state"] for a in pages} == {"active"}
-    assert len(pages) == 2
+    pages = {a["labels"]["alertname"]: a for a in w.am_alerts if a["labels"]["severity"] == "page"}
+    assert set(pages) == {"DuplicateSideEffect", "LoopRateHigh", "LoopRateRegression"}
+    assert pages["DuplicateSideEffect"]["status"]["state"] == "active"
+    assert pages["LoopRateRegression"]["status"]["state"] == "active"
+    high = pages["LoopRateHigh"]["status"]
+    assert high["state"] == "suppressed" and high["inhibitedBy"], high
     assert not [c for c in w.notifications if c.path == "/loopwatch/ticket"]
 
 
@@ -650,6 +684,8 @@ def test_the_alerts_query_annotation_lists_the_runs_behind_it(loop_window: LoopW
     for alert in loop_window.firing:
         if alert["labels"].get("scope") == "prompt_version":
             continue
+        if alert["labels"]["alertname"] == "LoopRateRegression":
+            continue  # a comparison: test_the_regression_query_compares_both_versions
         command = alert["annotations"]["query"]
         argv = shlex.split(command)
         assert argv[:3] == ["loopwatch", "query", "loops"] and "--runs" in argv, command
@@ -669,6 +705,74 @@ def test_the_alerts_query_annotation_lists_the_runs_behind_it(loop_window: LoopW
     assert shown.returncode == 0, shown.stderr
     assert "status    finished" in shown.stdout and "last tool steps" in shown.stdout
     assert "side effects (" in shown.stdout and "issue_refund" in shown.stdout
+
+
+def test_the_regression_query_compares_both_versions(loop_window: LoopWindow) -> None:
+    """The regression's `query` annotation, as Prometheus rendered it, runs verbatim and
+    shows e2e-loop-v1 against e2e-clean-v1 with Fisher's p-value and a WORSE verdict."""
+    stack = loop_window.stack
+    assert stack is not None
+    [alert] = [a for a in loop_window.firing if a["labels"]["alertname"] == "LoopRateRegression"]
+    command = alert["annotations"]["query"]
+    argv = shlex.split(command)
+    assert argv[:3] == ["loopwatch", "query", "compare"], command
+    done = loopwatch(stack, argv[1:])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"prompt_version {LOOP_PV} against {CLEAN_PV} (--baseline)")
+    looping = sum(
+        1 for s in loop_window.expected.runs if s["prompt_version"] == LOOP_PV and s["shapes"]
+    )
+    runs = loop_window.expected.runs_by_pv[LOOP_PV]
+    assert (looping, runs) == (26, 32)
+    p = fisher_exact(looping, runs - looping, 0, 32)
+    assert lines[-1] == (
+        f"verdict: WORSE: {LOOP_PV} loops more than {CLEAN_PV} ({looping}/{runs} looping runs "
+        f"against 0/32, p={p:.2g})"
+    ), done.stdout
+    assert any(line.startswith("identical_repetition ") and "worse" in line for line in lines)
+    doc = json.loads(loopwatch(stack, [*argv[1:], "--json"]).stdout)
+    assert doc["verdict"] == "worse" and doc["rows"][0]["p_value"] == pytest.approx(p)
+
+
+@pytest.fixture(scope="module")
+def clean_rollout(loop_window: LoopWindow) -> dict[str, Any]:
+    """Window 3: e2e-clean-v2 replaces e2e-loop-v1 and loops less: no regression."""
+    stack = loop_window.stack
+    assert stack is not None
+    runs = [keyed(encode_request(clean_run(200 + i, CLEAN_PV2).spans)) for i in range(24)]
+    batches = in_batches(runs, 4)
+    expected = replay(batches)
+    assert expected.runs_by_pv[CLEAN_PV2] == 24 and expected.events == []
+    stack.produce_spread(batches, pause=0.6)
+    stack.wait_processed(expected)
+    base = stack.prometheus.base
+    ratio = wait_for(
+        lambda: query_values(
+            base, f'version:loopwatch_loop_rate_regression:ratio{{version="{CLEAN_PV2}"}}'
+        ),
+        20,
+        f"the regression ratio of {CLEAN_PV2} recorded",
+    )
+    seen: list[dict[str, Any]] = []
+    start = time.monotonic()
+    while time.monotonic() - start < QUIET_SECONDS:
+        seen += [
+            a
+            for a in stack.prom_alerts()
+            if a["labels"]["alertname"] == "LoopRateRegression"
+            and a["labels"].get("version") == CLEAN_PV2
+        ]
+        time.sleep(0.5)
+    return {"ratio": ratio, "alerts": seen}
+
+
+def test_a_version_that_loops_no_more_than_the_one_it_replaced_does_not_fire(
+    clean_rollout: dict[str, Any],
+) -> None:
+    [(labels, value)] = clean_rollout["ratio"]
+    assert labels["previous_version"] == LOOP_PV and value == 0
+    assert clean_rollout["alerts"] == []
 
 
 def test_the_loop_counter_carries_a_trace_of_its_latest_event_as_exemplar(

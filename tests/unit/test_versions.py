@@ -152,6 +152,20 @@ def test_versions_are_ordered_by_first_sighting_and_replace_the_one_before() -> 
     }
 
 
+def test_the_metric_keeps_each_groups_latest_versions_with_their_predecessors() -> None:
+    history = History()
+    for n in range(8):
+        history.add(Slice(PROMPT, "s", "a", "", f"v{n}"), Seen(n * 10, n * 10 + 5, 1))
+    history.add(Slice(TOOL, "s", "a", "t", "1"), Seen(0, 1, 1))
+    rows = history.rows(latest=3)
+    assert [(r["version"], r["previous"], r["previous_first_ns"]) for r in rows] == [
+        ("v5", "v4", 40),
+        ("v6", "v5", 50),
+        ("v7", "v6", 60),
+        ("1", None, None),
+    ]
+
+
 def test_records_merge_across_partitions_and_workers_and_bad_ones_are_skipped() -> None:
     a, b = Worker(), Worker()
     a.finish(summary("v1", start=100), partition=0)

@@ -13,7 +13,7 @@ from streams.worker.state import versions as version_records
 from streams.worker.state.store import Tables
 from streams.worker.state.window_keys import aggregate_key
 
-VERSION_INFO_SECONDS = 7 * 86400  # versions exported in loopwatch_version_info
+VERSION_INFO_LATEST = 5  # versions per service, agent and tool in loopwatch_version_info
 
 
 class Counting:
@@ -124,11 +124,9 @@ class Counting:
 
     def export_version_history(self) -> None:
         """loopwatch_version_info from this worker's partitions' records: rebuilt when a
-        slice appears that it was not built with (new versions are rare)."""
+        slice appears that it was not built with (new versions are rare). The latest few
+        versions of each service, agent and tool: the rules compare a rollout with the one
+        before; older ones only add series."""
         history: History = version_records.history_of(self.tables.versions.items())
         self.known_versions = set(history.seen)
-        rows = history.rows()
-        # event time: the 7 days before the newest run seen, whatever the clocks say
-        cutoff = max((row["last_ns"] for row in rows), default=0) - VERSION_INFO_SECONDS * 10**9
-        rows = [row for row in rows if row["last_ns"] >= cutoff]
-        self.metrics.set_version_history(rows)
+        self.metrics.set_version_history(history.rows(latest=VERSION_INFO_LATEST))

@@ -18,7 +18,7 @@ from typing import Any
 from detectors import compare as comparing
 from detectors.versions import PROMPT, TOOL, History, Slice, side_of
 from streams.worker.api import params as api_params
-from streams.worker.api.answers import BadRequest, sum_windows
+from streams.worker.api.answers import BadRequest, label_matches, sum_windows
 from streams.worker.state.versions import history_from_rows, history_of
 
 COUNT_LABELS = ("kind", "service_name", "agent_name", "tool_name", "version", "measure")
@@ -52,8 +52,9 @@ class CompareAsk:
         return (
             key.kind == self.kind
             and key.tool == self.tool
-            and (self.service is None or key.service == self.service)
-            and (self.agent is None or key.agent == self.agent)
+            # `unknown` is how the metrics and alerts spell "none"
+            and (self.service is None or label_matches(key.service, self.service))
+            and (self.agent is None or label_matches(key.agent, self.agent))
         )
 
 
@@ -134,8 +135,8 @@ def versions_rows(
         row
         for row in history.rows()
         if row["last_ns"] >= cutoff_ns
-        and (service is None or row["service_name"] == service)
-        and (agent is None or row["agent_name"] == agent)
+        and (service is None or label_matches(row["service_name"], service))
+        and (agent is None or label_matches(row["agent_name"], agent))
     ]
 
 
