@@ -282,6 +282,23 @@ def test_alertmanager_inhibition(alertmanager: str) -> None:
     }
     wait_states(alertmanager, expected)
 
+    # a version worse than the one it replaced explains the plain loop-rate alerts of
+    # that version: a prompt_version's, or a tool version's (never a side-effect page)
+    http_json(
+        f"{alertmanager}/api/v2/alerts",
+        [_alert("LoopRateRegression", key="regress-v2", severity="page", kind="prompt",
+                version="v2", prompt_version="v2", previous_version="v1", tool_name="unknown"),
+         _alert("LoopRateRegression", key="regress-tool", severity="page", kind="tool",
+                tool_name="lookup_order", version="1", tool_version="1", previous_version="0")],
+    )  # fmt: skip
+    expected |= {
+        "prompt-v2": "suppressed",
+        "ticket-v3": "suppressed",
+        "regress-v2": "active",
+        "regress-tool": "active",
+    }
+    wait_states(alertmanager, expected)
+
     # a stalled pipeline holds back every loop-rate alert, never a side-effect page
     http_json(
         f"{alertmanager}/api/v2/alerts",
