@@ -82,6 +82,7 @@ class Side:
     wasted_steps: int = 0
     wasted_tokens: int = 0
     duplicate_side_effects: int = 0  # duplicate_side_effect events
+    wasted_cost: float | None = None  # money, where the policy prices models (else None)
 
     def add_run(self, shapes: Iterable[str]) -> None:
         self.runs += 1
@@ -90,6 +91,14 @@ class Side:
             self.looping += 1
         for shape in distinct:
             self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
+
+    def add_summary(self, summary: Mapping[str, Any]) -> None:
+        """A finished run from its summary: its shapes, and its wasted money where the
+        policy prices models."""
+        self.add_run(summary.get("shapes") or ())
+        value = summary.get("wasted_cost")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.wasted_cost = (self.wasted_cost or 0.0) + float(value)
 
     def add_event(self, event: Mapping[str, Any]) -> None:
         self.wasted_steps += int(event.get("wasted_steps") or 0)
@@ -107,6 +116,7 @@ class Side:
             "wasted_steps": self.wasted_steps,
             "wasted_tokens": self.wasted_tokens,
             "duplicate_side_effects": self.duplicate_side_effects,
+            **({} if self.wasted_cost is None else {"wasted_cost": round(self.wasted_cost, 6)}),
         }
 
 

@@ -76,6 +76,8 @@ class Step:
     # A model turn that asked for tool calls (its finish reason or requested calls): a run
     # whose last turn did, with nothing said about why it stopped, was cut off by a limit.
     wants_tools: bool = False
+    # The model a model turn ran on (gen_ai.response.model, ...): prices its tokens.
+    model: str | None = None
 
     def to_list(self) -> list[Any]:
         """Compact positional form for the wire (internal topic) and for state."""

@@ -26,6 +26,7 @@ from detectors.context import context_collapse, note_context
 from detectors.cycles import delegation_ping_pong, oscillation, replanning
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL, Finding, Step
 from detectors.policy import Policy
+from detectors.prices import price_of, wasted_cost
 from detectors.repetition import goal_already_satisfied, identical_repetition
 from detectors.side_effects import side_effects
 from detectors.state import (
@@ -187,6 +188,11 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         "start_time_unix_nano": state.start_ns or 0,
         "end_time_unix_nano": state.last_end_ns,
     }
+    if policy.prices:  # money only where the policy prices models
+        summary["cost"] = round(state.cost, 6)
+        summary["wasted_cost"] = round(
+            wasted_cost(state.wasted_tokens, state.cost, state.priced_tokens), 6
+        )
     return findings, summary
 
 
@@ -399,6 +405,11 @@ def _process(ctx: Context, step: Step) -> None:
     if end > state.last_end_ns:
         state.last_end_ns = end
     state.tokens += step.input_tokens + step.output_tokens
+    if step.model is not None and ctx.policy.prices:
+        price = price_of(ctx.policy.prices, step.model)
+        if price is not None:
+            state.cost += price.cost(step.input_tokens, step.output_tokens)
+            state.priced_tokens += step.input_tokens + step.output_tokens
     if kind == TOOL:
         state.tool_calls += 1
         state.action_steps += 1

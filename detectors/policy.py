@@ -32,6 +32,7 @@ from detectors.policy_defaults import (
     SUMMARY_RULE_IDS,
     TERMINATION_REASONS,
 )
+from detectors.prices import Price, read_prices
 from detectors.profile_compiler import compile_profiles
 from detectors.recognition import FIELDS as RECOGNITION_FIELDS
 from detectors.recognition import Profile, Termination
@@ -113,6 +114,8 @@ class Policy:
     # Span recognition profiles, in the order they are tried (see detectors/recognition.py).
     profiles: tuple[Profile, ...] = field(default_factory=lambda: default_profiles())
     reconcile_tools: frozenset[str] = frozenset()  # derived: tools named as some reconcile_tool
+    # What models' tokens cost (detectors/prices.py); empty: no money anywhere.
+    prices: dict[str, Price] = field(default_factory=dict)
 
     def limits_for(self, task_type: str | None) -> Limits:
         if task_type is not None:
@@ -176,6 +179,7 @@ _TOP_KEYS = {
     "termination",
     "profiles",
     "transient_message_patterns",
+    "prices",
 }
 
 
@@ -289,6 +293,8 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
         kw["max_pending_steps"] = r.integer(m["max_pending_steps"], "max_pending_steps", minimum=1)
     if "release_on_sequence" in m:
         kw["release_on_sequence"] = r.boolean(m["release_on_sequence"], "release_on_sequence")
+    if "prices" in m:
+        kw["prices"] = read_prices(r, m["prices"])
     defaults = _limits(r, m.get("defaults"), "defaults", Limits())
     kw["defaults"] = defaults
     if "task_types" in m:

@@ -55,6 +55,7 @@ FIELDS = (
     "requested_calls",
     "finish_reason",
     "metadata",
+    "model",  # the model a model turn ran on: prices (policy `prices:`)
 )
 
 

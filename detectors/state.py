@@ -95,6 +95,9 @@ class RunState:
     # What its loops cost: the sum of its events' wasted_steps and wasted_tokens.
     wasted_steps: int = 0
     wasted_tokens: int = 0
+    # What its priced model turns cost (policy `prices:`; detectors/prices.py) and their tokens.
+    cost: float = 0.0
+    priced_tokens: int = 0
     finalized: bool = False
 
     def to_dict(self) -> dict[str, Any]:

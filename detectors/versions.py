@@ -26,6 +26,7 @@ from detectors.compare import Side
 PROMPT, TOOL = "prompt", "tool"
 KINDS = (PROMPT, TOOL)
 RUNS, LOOPING, WASTED_STEPS, WASTED_TOKENS = "runs", "looping", "wasted_steps", "wasted_tokens"
+PRICED_RUNS, WASTED_MICROS = "priced_runs", "wasted_cost_micros"  # money: where models are priced
 SHAPE_PREFIX = "shape:"
 
 
@@ -79,6 +80,11 @@ def run_measures(summary: Mapping[str, Any]) -> dict[str, int]:
         value = summary.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             out[name] = value
+    money = summary.get("wasted_cost")
+    if isinstance(money, (int, float)) and not isinstance(money, bool):
+        out[PRICED_RUNS] = 1
+        if money > 0:
+            out[WASTED_MICROS] = round(money * 1_000_000)
     return out
 
 
@@ -94,6 +100,8 @@ def side_of(measures: Mapping[str, int]) -> Side:
         if name.startswith(SHAPE_PREFIX) and n:
             side.by_shape[name[len(SHAPE_PREFIX) :]] = int(n)
     side.duplicate_side_effects = side.by_shape.get("duplicate_side_effect", 0)
+    if measures.get(PRICED_RUNS):
+        side.wasted_cost = int(measures.get(WASTED_MICROS, 0)) / 1_000_000
     return side
 
 

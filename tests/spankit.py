@@ -161,6 +161,7 @@ class Run:
         *,
         dur_ms: int = 500,
         tool_calls: list[tuple[str, Any]] | None = None,
+        model: str | None = None,
     ) -> SpanRecord:
         self.clock += 10 * MS
         start, end = self.clock, self.clock + dur_ms * MS
@@ -170,6 +171,8 @@ class Run:
             "gen_ai.usage.input_tokens": input_tokens,
             "gen_ai.usage.output_tokens": output_tokens,
         }
+        if model is not None:
+            attrs["gen_ai.response.model"] = model
         if tool_calls:
             parts = [{"type": "tool_call", "name": n, "arguments": a} for n, a in tool_calls]
             attrs["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": parts}])

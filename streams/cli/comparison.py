@@ -20,6 +20,10 @@ def _per_run(total: int, runs: int) -> str:
     return f"{total / runs:,.2f}" if runs else "-"
 
 
+def _money(total: float | None, runs: int) -> str:
+    return f"${total / runs:,.4f}" if total is not None and runs else "-"
+
+
 def comparison_blocks(
     doc: Mapping[str, Any], baseline_name: str = "baseline", candidate_name: str = "candidate"
 ) -> list[Block]:
@@ -64,6 +68,15 @@ def comparison_blocks(
             str(cand["duplicate_side_effects"]),
         ],
     ]
+    if "wasted_cost" in base or "wasted_cost" in cand:  # the policy prices models
+        costs.insert(
+            2,
+            [
+                "wasted money per run",
+                _money(base.get("wasted_cost"), base["runs"]),
+                _money(cand.get("wasted_cost"), cand["runs"]),
+            ],
+        )
     return [
         table(headers, cells, {3, 4}),
         "",

@@ -137,8 +137,14 @@ def verdict_line(doc: dict[str, Any]) -> str:
 
 
 def render_compare(doc: Any, since: str) -> list[Block]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-        raise LoopwatchError("unexpected answer from the on-call API for compare: no rows list")
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("rows"), list)
+        or not all(isinstance(doc.get(k), dict) for k in ("baseline", "candidate"))
+    ):
+        raise LoopwatchError(
+            "unexpected answer from the on-call API for compare: no rows, baseline, candidate"
+        )
     from streams.cli.query import covered
 
     base, cand = doc["baseline"], doc["candidate"]
@@ -150,10 +156,10 @@ def render_compare(doc: Any, since: str) -> list[Block]:
         f"{k.split('_')[0]} {doc[k]}" for k in ("service_name", "agent_name") if doc.get(k)
     )
     return [
-        f"{what} {cand['version']} against {base['version']} ({how}), finished runs in the "
+        f"{what} {cand.get('version')} against {base.get('version')} ({how}), finished runs in the "
         f"last {covered(doc, since)}" + (f", {scope}" if scope else ""),
         "",
-        *comparison_blocks(doc, base["version"], cand["version"]),
+        *comparison_blocks(doc, str(base.get("version")), str(cand.get("version"))),
         verdict_line(doc),
     ]
 

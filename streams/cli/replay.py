@@ -175,7 +175,7 @@ def replay_side(paths: Sequence[str], args: argparse.Namespace) -> tuple[Any, Si
         paths,
         args.config,
         side.add_event,
-        lambda summary: side.add_run(summary.get("shapes") or ()),
+        side.add_summary,
         sys.stderr,
         args.memory_mb,
     )

@@ -306,6 +306,7 @@ class Normalizer:
             calls = requested_calls(span.attributes, v, profile, facts)
             if len(calls) >= 2:  # a single requested call is an action, not a plan
                 step.plan_fp = plan_fp(self.fp, self.policy, calls)
+            step.model = str_or_none(v.get("model"))
             finish = self._field(profile, "finish_reason", facts)
             if isinstance(finish, list):
                 finish = finish[-1] if finish else None

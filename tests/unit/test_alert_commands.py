@@ -25,6 +25,10 @@ LABELS = {
     "topic": "otlp_spans",
     "stage": "detect",
     "reason": "decode_error",
+    "version": "support-v13",
+    "previous_version": "support-v11",
+    "service_name": "support-bot",
+    "agent_name": "support",
 }
 
 
@@ -49,6 +53,11 @@ def test_the_query_annotation_runs_as_written(
 
     def get(self: Any, path: str, params: Any = None) -> tuple[int, bytes, Any]:
         asked.append((path, dict(params or {})))
+        if path == "/compare":
+            side = {"runs": 0, "looping": 0, "wasted_steps": 0, "wasted_tokens": 0}
+            side["duplicate_side_effects"] = 0
+            doc = {"rows": [], "alpha": 0.05, "min_runs": 30, "kind": "prompt"}
+            return 200, b"{}", {**doc, "baseline": {**side, "version": "b"}, "candidate": side}
         return 200, b"{}", {"rows": [], "by": [], "since": "1h"}
 
     monkeypatch.setattr(query.ApiClient, "get", get)
@@ -62,6 +71,11 @@ def test_the_query_annotation_runs_as_written(
             assert params[label] == LABELS[label], (rule["alert"], label)
     elif path == "/loops":  # the prompt-wide alert: its prompt_version broken down
         assert params["prompt_version"] == LABELS["prompt_version"]
+    elif path == "/compare":  # a version against the one it replaced, where both ran
+        assert params["baseline"] == LABELS["previous_version"], rule["alert"]
+        assert LABELS["version"] in (params.get("prompt_version"), params.get("tool_version"))
+        assert params["service_name"] == LABELS["service_name"]
+        assert params["agent_name"] == LABELS["agent_name"]
 
 
 def test_loop_alerts_ask_for_loops() -> None:

@@ -820,3 +820,18 @@ def test_the_steps_of_a_request_share_one_str_per_repeated_value() -> None:
         for name in ("run_id", "trace_id", "service_name", "prompt_version"):
             values = [getattr(step, name) for step in steps]
             assert len({id(v) for v in values}) == len(set(values)), name
+
+
+def test_model_turns_carry_their_model_on_both_paths() -> None:
+    """The recorded frameworks' model turns name their model (prices: policy `prices:`);
+    the differential tests above hold the native path to the same values."""
+    models: dict[str, int] = {}
+    normalizer = Normalizer(next(iter(POLICIES.values())), Fingerprinter(None))
+    for _source, data in FIXTURES:
+        by_run, _invalid, _end = group_steps(normalizer, decode_proto_py(data), lambda s, e: None)
+        for steps in by_run.values():
+            for step in steps:
+                if step.kind == "llm" and step.model:
+                    models[step.model] = models.get(step.model, 0) + 1
+                assert step.kind == "llm" or step.model is None
+    assert len(models) >= 2, models

@@ -98,6 +98,7 @@ VALID: list[dict[str, Any]] = [
     {"tools": {"t": None, "u": {"progress": {"state_field": "s", "terminal_states": ["done"]}}}},
     {"termination": {"finish_reasons": {"halt": "loop_guard"}}},
     {"transient_message_patterns": {"(?i)try again": "busy"}},
+    {"prices": {"gpt-4o": {"input": 2.5, "output": 10}, "claude-*": {"input": 3, "output": 15}}},
     {
         "profiles": {
             "mine": {
@@ -128,6 +129,10 @@ INVALID: list[dict[str, Any]] = [
     {"profiles": {"p": {"kinds": [{"kind": "tool", "match": {"nam": "x"}}]}}},
     {"profiles": {"p": {"fields": {"not_a_field": ["a"]}}}},
     {"profiles": {"p": {"fields": {"tool_name": [{"format": "csv"}]}}}},
+    {"prices": {"gpt-4o": {"input": 2.5}}},
+    {"prices": {"gpt-4o": {"input": -1, "output": 1}}},
+    {"prices": {"gpt-4o": {"input": 1, "output": 1, "cached": 0.5}}},
+    {"prices": {"*": {"input": 1, "output": 1}}},
 ]
 
 

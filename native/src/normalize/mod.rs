@@ -80,7 +80,7 @@ use self::step::*;
 use self::values::*;
 
 // Field indices: the recognition FIELDS (detectors/recognition.py) then the policy's own.
-const FIELDS: [&str; 24] = [
+const FIELDS: [&str; 25] = [
     "operation",
     "span_kind",
     "tool_name",
@@ -102,6 +102,7 @@ const FIELDS: [&str; 24] = [
     "requested_calls",
     "finish_reason",
     "metadata",
+    "model",
     "sequence",
     "task_type",
     "run_key",
@@ -126,12 +127,13 @@ const F_OUTPUT_MESSAGES: usize = 17;
 const F_REQUESTED_CALLS: usize = 18;
 const F_FINISH_REASON: usize = 19;
 const F_METADATA: usize = 20;
-const F_SEQUENCE: usize = 21;
-const F_TASK_TYPE: usize = 22;
-const F_RUN_KEY: usize = 23;
+const F_MODEL: usize = 21;
+const F_SEQUENCE: usize = 22;
+const F_TASK_TYPE: usize = 23;
+const F_RUN_KEY: usize = 24;
 
 /// Step fields in the order this module builds them (checked against detectors.model).
-pub const STEP_FIELDS: [&str; 38] = [
+pub const STEP_FIELDS: [&str; 39] = [
     "run_id",
     "trace_id",
     "span_id",
@@ -170,6 +172,7 @@ pub const STEP_FIELDS: [&str; 38] = [
     "termination",
     "guard_ns",
     "wants_tools",
+    "model",
 ];
 
 const TOOL: &str = "tool";
@@ -330,6 +333,7 @@ struct Out {
     termination: Option<String>,
     guard_ns: Option<u64>,
     wants_tools: bool,
+    model: Option<String>,
 }
 
 struct Facts<'s, 'a> {

@@ -110,6 +110,7 @@ impl SpanPath {
                     finish = None;
                 }
             }
+            o.model = str_or_none(py, v(F_MODEL))?;
             o.wants_tools = !calls.is_empty()
                 || match &finish {
                     Some(V::Str(s)) => self.tool_call_finish.contains(py_lower(py, s)?.as_ref()),
@@ -258,6 +259,7 @@ impl SpanPath {
                 None => py.None().into_bound(py),
             },
             b(o.wants_tools),
+            opt(py, o.model),
         ];
         let mut items = items;
         items[4] = match o.kind {
