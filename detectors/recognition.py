@@ -28,9 +28,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.model import AGENT, HANDOFF, LLM, PLAN, SUMMARY, TOOL
+from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL
 
-KINDS = (TOOL, LLM, AGENT, HANDOFF, PLAN, SUMMARY)
+# `other` in a kind rule: the span is deliberately no step (and the generic fallback,
+# streams/spanpath/fallback.py, leaves it alone), e.g. a wrapper around a model turn
+KINDS = (TOOL, LLM, AGENT, HANDOFF, PLAN, SUMMARY, OTHER)
 
 # Step fields read from span attributes (docs/CONTRACTS.md §2).
 FIELDS = (

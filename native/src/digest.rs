@@ -289,7 +289,6 @@ fn canonical(v: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> PyResult<
     Ok(true)
 }
 
-
 /// detectors.fingerprint.Fingerprinter's digests; methods answer None where the Python
 /// implementation must decide (see the module comment).
 #[pyclass(module = "loopwatch_native", frozen)]

@@ -23,7 +23,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import STEP_FIELDS, Step
 from detectors.policy import Policy, ToolContract
 from detectors.recognition import Profile, Source
-from streams.spanpath import native
+from streams.spanpath import fallback, native
 from streams.spanpath.calls import OUT_OF_STEPS
 from streams.spanpath.normalize import TOOL_CALL_FINISH_REASONS
 from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
@@ -169,6 +169,7 @@ def spec(policy: Policy) -> str:
         "out_of_steps": _pattern(OUT_OF_STEPS, "normalize"),
         "tool_call_finish_reasons": sorted(TOOL_CALL_FINISH_REASONS),
         "profiles": [_profile(p) for p in policy.profiles],
+        "fallback": fallback.spec(),
         "tools": {name: _contract(c) for name, c in policy.tools.items()},
     }
     try:

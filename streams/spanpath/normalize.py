@@ -19,6 +19,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, TOOL, Step
 from detectors.policy import Policy
 from detectors.recognition import Profile, Source, SpanFacts
+from streams.spanpath import fallback
 from streams.spanpath.calls import plan_calls, requested_calls
 from streams.spanpath.contract import action_fp, fill_contract, plan_fp
 from streams.spanpath.error_codes import ErrorCodes
@@ -265,6 +266,13 @@ class Normalizer:
         res = self._resource(span.resource)
         facts = _Facts(self, span, v, profile)
         kind, rule = self._classify(profile, facts)
+        if rule is None and span.parent_span_id is not None:  # no kind rule matched
+            found = fallback.classify(span.attributes)
+            if found is not None:  # a framework nobody configured: read by meaning
+                kind, rule = found[0], fallback.LABEL
+                for name, key in found[1].items():
+                    v.setdefault(name, span.attributes[key])
+                facts._tool = None
         step = Step(
             self._run_id(span, v, res),
             span.trace_id,

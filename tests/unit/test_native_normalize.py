@@ -37,7 +37,7 @@ from detectors.model import Step
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from streams.errors import DecodeError
 from streams.replay.files import iter_batches, iter_payloads
-from streams.spanpath import SpanPath, group_steps, native, native_spec
+from streams.spanpath import SpanPath, fallback, group_steps, native, native_spec
 from streams.spanpath.native_spec import NativeBatch
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODES
@@ -287,6 +287,21 @@ def _all_keys() -> list[str]:
             "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments",
             "llm.output_messages.0.message.tool_calls.1.tool_call.function.name",
             "ai.operationId",
+            # the generic fallback's keys (streams/spanpath/fallback.py): exact ones and
+            # invented namespaces its suffixes match
+            *fallback.MODEL.exact,
+            "zz.request.model",
+            "zz.usage.prompt_tokens",
+            "zz.finish_reason",
+            "zz.tool.name",
+            "zz.tool_name",
+            "zz.tool.input",
+            "zz.tool.output",
+            "zz.tool.call.id",
+            "gen_ai.tool.input",
+            "gen_ai.tool.output",
+            "input",
+            "output",
         ]
     )
     return sorted(keys)

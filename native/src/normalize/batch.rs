@@ -76,6 +76,8 @@ impl SpanPath {
             out_of_steps,
             tool_call_finish: strs("tool_call_finish_reasons")?.into_iter().collect(),
             profiles,
+            fallback: fallback::Fallback::parse(sget(&root, "fallback").map_err(ve)?)
+                .map_err(ve)?,
             tools,
             step_cls,
         })

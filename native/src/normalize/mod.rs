@@ -65,6 +65,7 @@ mod batch;
 mod calls;
 mod contract;
 mod error_codes;
+mod fallback;
 mod spans;
 mod spec;
 mod step;
@@ -357,6 +358,7 @@ pub struct SpanPath {
     out_of_steps: Py<PyAny>,
     tool_call_finish: HashSet<String>,
     profiles: Vec<Profile>,
+    fallback: fallback::Fallback,
     tools: HashMap<String, Contract>,
     step_cls: Py<PyAny>,
 }

@@ -62,6 +62,7 @@ pub(super) fn kind_name(k: &str) -> Result<&'static str, SpecErr> {
         "plan" => PLAN,
         "llm" => LLM,
         "summary" => SUMMARY,
+        "other" => OTHER,
         "agent" => AGENT,
         _ => return Err(format!("spec: unknown kind {}", k)),
     })

@@ -32,17 +32,31 @@ impl SpanPath {
             })
             .ok_or(Hard)?; // no profile: Python raises StopIteration
         let view = self.view(profile, span);
-        let f = Facts {
+        let mut f = Facts {
             span,
             profile,
             view,
             tool: RefCell::new(None),
         };
         let mut kind = OTHER;
+        let mut matched = false;
         for (k, m) in &profile.kinds {
             if self.matches(py, m, &f)? {
                 kind = k;
+                matched = true;
                 break;
+            }
+        }
+        if !matched && span.parent.is_some() {
+            // no kind rule matched: read the span by what it carries (fallback.rs)
+            if let Some((k, picks)) = self.fallback.classify(&span.attrs)? {
+                kind = k;
+                for (field, at) in picks {
+                    if f.view[field].is_none() {
+                        f.view[field] = Some(&span.attrs[at].1);
+                    }
+                }
+                *f.tool.borrow_mut() = None;
             }
         }
         let v = |i: usize| f.view[i];
