@@ -78,6 +78,10 @@ class Step:
     wants_tools: bool = False
     # The model a model turn ran on (gen_ai.response.model, ...): prices its tokens.
     model: str | None = None
+    # A root or agent span's declared step limit and what counts against it ("llm",
+    # "tool", "steps"): streams/spanpath/limits.py.
+    step_limit: int | None = None
+    limit_counts: str | None = None
 
     def to_list(self) -> list[Any]:
         """Compact positional form for the wire (internal topic) and for state."""

@@ -34,6 +34,8 @@ from detectors.state import (
     DEDUP_CAP,
     MAP_CAP,
     UNRESOLVED_CAP,
+    WIN_ACTION,
+    WIN_OUTCOME,
     RunState,
     bloom_mask,
 )
@@ -142,9 +144,10 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
     else:
         outcome = "complete"
     termination, evidence = _termination(state)
+    ended_in_loop = termination == "final_answer" and _ends_in_a_repeat(state)
     guard_fired = state.guard_ns is not None
     tool_after_guard = guard_fired and state.tool_after_guard
-    stalled = "identical_repetition" in state.shapes
+    stalled = "identical_repetition" in state.shapes or ended_in_loop
     stalled_ns = state.trigger_ns.get("identical_repetition")
     guard_before_dispatch = (
         guard_fired
@@ -170,8 +173,12 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         "guard_fired": guard_fired,
         "guard_before_dispatch": guard_before_dispatch,
         "tool_after_guard": tool_after_guard,
+        # a final answer that only follows the loop's repeated results is not a safe
+        # terminal response: it hides the loop (the seeds' QA: "a polite apology")
         "terminal_response": outcome == "complete"
-        and termination in ("final_answer", "loop_guard"),
+        and termination in ("final_answer", "loop_guard")
+        and not ended_in_loop,
+        "ended_in_loop": ended_in_loop,
         "prompt_version": state.prompt_version,
         "agent_name": state.agent_name,
         "service_name": state.service_name,
@@ -205,6 +212,15 @@ def _termination(state: RunState) -> tuple[str, str]:
     calls and no turn followed: a step limit cut it off; several frameworks end a run at
     their limit normally, saying nothing), "default" (a root ended: final_answer, or
     tool_error when it failed) or "none" (no root: unknown)."""
+    # the run's declared step limit was reached: a framework that then asks the model for a
+    # final answer ends "normally" (streams/spanpath/limits.py)
+    limit = state.limit
+    if (
+        limit is not None
+        and state.termination in (None, "final_answer")
+        and _steps_against(state, limit[1]) >= limit[0]
+    ):
+        return "turn_limit", "inferred"
     if state.termination is not None:
         return state.termination, "stated"
     if not state.root_seen:
@@ -218,6 +234,28 @@ def _note_tool_version(state: RunState, tool: str, version: str) -> None:
     pairs = state.tool_versions
     if len(pairs) < MAP_CAP and [tool, version] not in pairs:
         pairs.append([tool, version])
+
+
+def _ends_in_a_repeat(state: RunState) -> bool:
+    """A loop fired, and the run's last tool call repeated an earlier one of the window with
+    the same outcome: the final model turn saw nothing new, the loop was still going."""
+    window = state.window
+    if not state.shapes or len(window) < 2:
+        return False
+    last = window[-1]
+    action, outcome = last[WIN_ACTION], last[WIN_OUTCOME]
+    if action is None:
+        return False
+    return any(e[WIN_ACTION] == action and e[WIN_OUTCOME] == outcome for e in window[:-1])
+
+
+def _steps_against(state: RunState, counted: str | None) -> int:
+    """The run's steps of the kind its declared limit counts (streams/spanpath/limits.py)."""
+    if counted == "tool":
+        return state.tool_calls
+    if counted == "steps":
+        return state.llm_turns + state.tool_calls
+    return state.llm_turns
 
 
 def _track_tree(state: RunState, step: Step) -> None:
@@ -240,6 +278,8 @@ def _track_tree(state: RunState, step: Step) -> None:
 
 
 def _note_container(state: RunState, step: Step) -> None:
+    if step.step_limit is not None and state.limit is None:
+        state.limit = [step.step_limit, step.limit_counts]
     if step.guard_ns is not None:
         state.guard_ns = (
             step.guard_ns if state.guard_ns is None else min(state.guard_ns, step.guard_ns)
@@ -405,6 +445,8 @@ def _process(ctx: Context, step: Step) -> None:
     if end > state.last_end_ns:
         state.last_end_ns = end
     state.tokens += step.input_tokens + step.output_tokens
+    if kind == LLM:
+        state.llm_turns += 1
     if step.model is not None and ctx.policy.prices:
         price = price_of(ctx.policy.prices, step.model)
         if price is not None:

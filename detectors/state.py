@@ -98,6 +98,10 @@ class RunState:
     # What its priced model turns cost (policy `prices:`; detectors/prices.py) and their tokens.
     cost: float = 0.0
     priced_tokens: int = 0
+    # The declared step limit [n, what counts] of its root or agent span, and its model
+    # turns (streams/spanpath/limits.py): a run that reached it ended at its limit.
+    limit: list[Any] | None = None
+    llm_turns: int = 0
     finalized: bool = False
 
     def to_dict(self) -> dict[str, Any]:

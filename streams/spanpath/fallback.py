@@ -74,7 +74,10 @@ MODEL = Keys(
         ".finish_reasons",
     ),
 )
-TOOL_NAME = Keys(("gen_ai.tool.name", "tool.name"), (".tool.name", ".tool_name"))
+TOOL_NAME = Keys(
+    ("gen_ai.tool.name", "tool.name"),
+    (".tool.name", ".tool_name", ".toolCall.name", ".tool_call.name"),
+)
 
 # field -> where it is read from, per kind
 FIELDS: dict[str, dict[str, Keys]] = {
@@ -82,16 +85,32 @@ FIELDS: dict[str, dict[str, Keys]] = {
         "tool_name": TOOL_NAME,
         "arguments": Keys(
             ("gen_ai.tool.call.arguments", "gen_ai.tool.input", "tool.parameters", "input.value"),
-            (".tool.call.arguments", ".tool.arguments", ".tool.input", ".tool.args"),
+            (
+                ".tool.call.arguments",
+                ".tool.arguments",
+                ".tool.input",
+                ".tool.args",
+                ".toolCall.args",
+                ".toolCall.input",
+                ".tool_call.arguments",
+            ),
             ("input",),
         ),
         "result": Keys(
             ("gen_ai.tool.call.result", "gen_ai.tool.output", "output.value"),
-            (".tool.call.result", ".tool.result", ".tool.output"),
+            (
+                ".tool.call.result",
+                ".tool.result",
+                ".tool.output",
+                ".toolCall.result",
+                ".toolCall.output",
+                ".tool_call.result",
+            ),
             ("output",),
         ),
         "call_id": Keys(
-            ("gen_ai.tool.call.id", "tool_call.id"), (".tool.call.id", ".tool_call_id")
+            ("gen_ai.tool.call.id", "tool_call.id"),
+            (".tool.call.id", ".tool_call_id", ".toolCall.id", ".tool_call.id"),
         ),
     },
     LLM: {

@@ -25,6 +25,7 @@ from detectors.policy import Policy, ToolContract
 from detectors.recognition import Profile, Source
 from streams.spanpath import fallback, native
 from streams.spanpath.calls import OUT_OF_STEPS
+from streams.spanpath.limits import LIMIT_NAMES
 from streams.spanpath.normalize import TOOL_CALL_FINISH_REASONS
 from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
@@ -170,6 +171,7 @@ def spec(policy: Policy) -> str:
         "tool_call_finish_reasons": sorted(TOOL_CALL_FINISH_REASONS),
         "profiles": [_profile(p) for p in policy.profiles],
         "fallback": fallback.spec(),
+        "limit_names": dict(LIMIT_NAMES),
         "tools": {name: _contract(c) for name, c in policy.tools.items()},
     }
     try:

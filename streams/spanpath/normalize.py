@@ -23,6 +23,7 @@ from streams.spanpath import fallback
 from streams.spanpath.calls import plan_calls, requested_calls
 from streams.spanpath.contract import action_fp, fill_contract, plan_fp
 from streams.spanpath.error_codes import ErrorCodes
+from streams.spanpath.limits import declared_limit
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 from streams.spanpath.termination import termination_reason
 from streams.spanpath.values import (
@@ -464,6 +465,9 @@ class Normalizer:
         if step.kind == OTHER:
             step.kind = AGENT  # the root of a run: carries termination, not an action
         step.name = step.agent_name or ident(span.name)
+        limit = declared_limit(span.attributes)
+        if limit is not None:
+            step.step_limit, step.limit_counts = limit
         # None: nothing said why; the pipeline decides at finalization (inferred from the run,
         # or the default for a root that ended OK / failed), and says which in the summary.
         step.termination = termination_reason(

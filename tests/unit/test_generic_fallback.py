@@ -168,3 +168,89 @@ def test_an_explicit_kind_other_rule_keeps_the_fallback_away(tmp_path: Path) -> 
     normalizer = Normalizer(policy, Fingerprinter(b"k"))
     steps = [normalizer.step(s) for s in spans]
     assert sum(s.kind == "llm" for s in steps) == 0 and sum(s.kind == "tool" for s in steps) == 5
+
+
+# ------------------------------------------------------------------ limits and loops at the end
+
+
+def limited_run(trace: int, limit_attrs: dict[str, Any], turns: int, answer: bool) -> list[Any]:
+    """A run of `turns` model turns, each followed by the same lookup with the same result,
+    then (answer) a final model turn; the root declares `limit_attrs` and ends OK."""
+    scope, model, tool = LAYOUTS["namespaced"]
+    spans = run_spans(trace, scope, model, tool, turns)
+    root = spans[-1]
+    root.attributes.update(limit_attrs)
+    if answer:
+        last = spans[-2]
+        spans.insert(
+            -1,
+            type(last)(
+                last.trace_id,
+                f"{trace:04x}{999:012x}",
+                last.parent_span_id,
+                "think",
+                1,
+                last.end_ns + 5_000_000,
+                last.end_ns + 9_000_000,
+                last.status_code,
+                "",
+                dict(model),
+                last.resource,
+                [],
+                scope,
+            ),
+        )
+        root.end_ns = max(root.end_ns, last.end_ns + 10_000_000)
+    return spans
+
+
+def summary_of(spans: list[Any]) -> dict[str, Any]:
+    from tests.otlp_build import replay_messages
+
+    _events, summaries = replay_messages([encode_request(spans)], policy_from_mapping(POLICY))
+    (summary,) = summaries
+    return summary
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"acme.agent.max_steps": 4},
+        {"zz.maxTurns": 4},
+        {"max_iterations": 4},
+        {"run.config.recursion_limit": 8},  # model turns and tool calls together
+        {"qq.max_tool_calls": 4},
+    ],
+)
+def test_a_run_that_reached_its_declared_limit_ended_at_it(attrs: dict[str, Any]) -> None:
+    summary = summary_of(limited_run(31, attrs, turns=4, answer=True))
+    assert (summary["termination_reason"], summary["termination_evidence"]) == (
+        "turn_limit",
+        "inferred",
+    )
+    assert summary["terminal_response"] is False
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"acme.agent.max_steps": 10},  # not reached
+        {"acme.agent.max_steps": "4"},  # not an integer
+        {"acme.agent.max_steps": True},
+        {"acme.agent.min_steps": 4},  # names no limit
+        {},
+    ],
+)
+def test_no_limit_reached_no_inferred_limit(attrs: dict[str, Any]) -> None:
+    summary = summary_of(limited_run(32, attrs, turns=4, answer=True))
+    assert summary["termination_reason"] == "final_answer"
+
+
+def test_a_final_answer_after_the_loops_repeated_results_ended_in_the_loop() -> None:
+    looped = summary_of(limited_run(33, {}, turns=4, answer=True))
+    assert looped["shapes"] == ["identical_repetition"]
+    assert looped["termination_reason"] == "final_answer" and looped["ended_in_loop"] is True
+    assert looped["stalled_repeat"] is True and looped["terminal_response"] is False
+    # one lookup and an answer: no loop, a terminal response
+    clean = summary_of(limited_run(34, {}, turns=1, answer=True))
+    assert clean["ended_in_loop"] is False and clean["terminal_response"] is True

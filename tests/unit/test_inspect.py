@@ -6,6 +6,7 @@ import json
 import struct
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from streams.cli.main import main
 from tests.otlp_build import encode_request
@@ -36,26 +37,52 @@ def test_inspect_lists_each_span_as_what_it_was_recognized(capsys):
     assert "A12" not in out and "delivered" not in out
 
 
-def test_inspect_shows_why_an_unknown_framework_gives_no_steps(tmp_path, capsys):
-    # the same run with every ai.* key, name and scope spelled acme.*: no profile reads it
-    renamed = [
+def renamed_run(prefix: str) -> list[Any]:
+    """The same run with every ai.* key, name and scope spelled `prefix`.*."""
+    return [
         replace(
             s,
-            name=s.name.replace("ai.", "acme.", 1),
-            scope_name="acme",
-            attributes={k.replace("ai.", "acme.", 1): v for k, v in s.attributes.items()},
+            name=s.name.replace("ai.", f"{prefix}.", 1),
+            scope_name=prefix,
+            attributes={k.replace("ai.", f"{prefix}.", 1): v for k, v in s.attributes.items()},
         )
         for s in spans_of(LOOP)
     ]
+
+
+def test_a_renamed_framework_is_read_by_the_generic_fallback(tmp_path, capsys):
+    # no profile reads scope acme.*: the fallback reads its spans by what they carry
     path = tmp_path / "acme.pb"
-    _write_pb(path, encode_request(renamed))
+    _write_pb(path, encode_request(renamed_run("acme")))
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    # only the root is kept (as the run's container); nothing else is recognized
-    assert "11 spans, 1 agent, 10 other" in out
-    assert "1 recognized as steps, 10 not recognized" in out
+    assert "11 spans, 1 agent, 5 llm, 5 tool" in out
+    tools = [line for line in out.splitlines() if " tool " in line]
+    assert len(tools) == 5 and all("[generic/generic-fallback]" in line for line in tools)
+    assert all("name=lookup_order" in line for line in tools)
+
+
+def test_inspect_shows_why_an_unknown_framework_gives_no_steps(tmp_path, capsys):
+    # the same run with its tool keys renamed beyond recognition (its model turns still
+    # carry a model key: the fallback reads those)
+    spans = [
+        replace(
+            s,
+            attributes={
+                k.replace("toolCall.", "tc.").replace("usage.", "u."): v
+                for k, v in s.attributes.items()
+            },
+        )
+        for s in renamed_run("acme")
+    ]
+    path = tmp_path / "acme.pb"
+    _write_pb(path, encode_request(spans))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "11 spans, 1 agent, 5 llm, 5 other" in out, out
+    assert "6 recognized as steps, 5 not recognized" in out
     # the unrecognized spans, grouped by scope, name and attribute keys
-    assert "[acme] acme.toolCall  keys:" in out and "acme.toolCall.name" in out
+    assert "[acme] acme.toolCall  keys:" in out and "acme.tc.name" in out
 
 
 def test_inspect_json_lines(capsys):

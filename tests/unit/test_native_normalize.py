@@ -302,6 +302,11 @@ def _all_keys() -> list[str]:
             "gen_ai.tool.output",
             "input",
             "output",
+            # declared step limits (streams/spanpath/limits.py)
+            "acme.max_steps",
+            "zz.maxTurns",
+            "recursion_limit",
+            "max-llm-calls",
         ]
     )
     return sorted(keys)

@@ -247,10 +247,10 @@ def test_termination_evidence():
     assert verdict(asks, tool) == ("unknown", "none")  # no root
 
 
-@pytest.mark.parametrize("missing", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("missing", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_states_written_before_the_fields_added_last_still_load(monkeypatch, missing):
     # the fields added after the first states: last_turn_wants_tools, deferred,
-    # wasted_steps, wasted_tokens, cost, priced_tokens (and the tail's tool_versions,
+    # wasted_steps, wasted_tokens, cost, priced_tokens, limit, llm_turns (and the tail's tool_versions,
     # absent from old states)
     state = RunState(run_id=TRACE, trace_id=TRACE, spans=3)
     old_plain = codec._PLAIN[:-missing]
@@ -262,9 +262,11 @@ def test_states_written_before_the_fields_added_last_still_load(monkeypatch, mis
     assert back.last_turn_wants_tools is None and back.deferred == [] and back.spans == 3
     assert back.wasted_steps == 0 and back.wasted_tokens == 0 and back.tool_versions == []
     assert back.cost == 0.0 and back.priced_tokens == 0
+    assert back.limit is None and back.llm_turns == 0
     state.last_turn_wants_tools = True
     state.deferred = [["e" * 32, "identical_repetition", "warning", "t", "3", 2, 40]]
     state.wasted_steps, state.wasted_tokens = 4, 900
     state.cost, state.priced_tokens = 0.0123, 4100
+    state.limit, state.llm_turns = [10, "llm"], 4
     state.tool_versions = [["t", "3"], ["u", "2024-06-01"]]
     assert codec.decode_state(codec.encode_state(state)) == state

@@ -78,6 +78,8 @@ impl SpanPath {
             profiles,
             fallback: fallback::Fallback::parse(sget(&root, "fallback").map_err(ve)?)
                 .map_err(ve)?,
+            limit_names: s_map(sget(&root, "limit_names").map_err(ve)?, "limit_names")
+                .map_err(ve)?,
             tools,
             step_cls,
         })

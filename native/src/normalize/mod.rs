@@ -134,7 +134,7 @@ const F_TASK_TYPE: usize = 23;
 const F_RUN_KEY: usize = 24;
 
 /// Step fields in the order this module builds them (checked against detectors.model).
-pub const STEP_FIELDS: [&str; 39] = [
+pub const STEP_FIELDS: [&str; 41] = [
     "run_id",
     "trace_id",
     "span_id",
@@ -174,6 +174,8 @@ pub const STEP_FIELDS: [&str; 39] = [
     "guard_ns",
     "wants_tools",
     "model",
+    "step_limit",
+    "limit_counts",
 ];
 
 const TOOL: &str = "tool";
@@ -335,6 +337,8 @@ struct Out {
     guard_ns: Option<u64>,
     wants_tools: bool,
     model: Option<String>,
+    step_limit: Option<i64>,
+    limit_counts: Option<String>,
 }
 
 struct Facts<'s, 'a> {
@@ -359,6 +363,7 @@ pub struct SpanPath {
     tool_call_finish: HashSet<String>,
     profiles: Vec<Profile>,
     fallback: fallback::Fallback,
+    limit_names: HashMap<String, String>,
     tools: HashMap<String, Contract>,
     step_cls: Py<PyAny>,
 }

@@ -274,6 +274,11 @@ impl SpanPath {
             },
             b(o.wants_tools),
             opt(py, o.model),
+            match o.step_limit {
+                Some(n) => n.into_pyobject(py)?.into_any(),
+                None => py.None().into_bound(py),
+            },
+            opt(py, o.limit_counts),
         ];
         let mut items = items;
         items[4] = match o.kind {

@@ -15,6 +15,26 @@ impl SpanPath {
             Some(a) => a.clone(),
             None => ident_text(span.name),
         };
+        // a declared step limit (streams/spanpath/limits.py)
+        for (k, v) in &span.attrs {
+            if let V::Int(n) = v {
+                if *n > 0 {
+                    let segment = k.rsplit('.').next().unwrap_or("");
+                    if segment.is_ascii() {
+                        let name: String = segment
+                            .chars()
+                            .filter(|c| *c != '_' && *c != '-')
+                            .map(|c| c.to_ascii_lowercase())
+                            .collect();
+                        if let Some(counted) = self.limit_names.get(&name) {
+                            o.step_limit = Some(*n);
+                            o.limit_counts = Some(counted.clone());
+                            break;
+                        }
+                    }
+                }
+            }
+        }
         let p = f.profile;
         let mut reason: Option<String> = None;
         for e in &span.events {
