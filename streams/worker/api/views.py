@@ -248,6 +248,19 @@ class Views:
             rows = merge_episodes([rows, *(d.get("rows", []) for d in docs)], limit)
             return view.json({"where": where, **covered, "rows": rows})
 
+        async def with_peers(
+            view: Any, request: Any, mine: dict[str, Any], merge: Callable[[list[Any]], Any]
+        ) -> Any:
+            """A peer's request (scope=local) gets this worker's raw share; the worker asked
+            merges every worker's share (a predecessor, a p-value need them all)."""
+            if request.query.get("scope") == "local":
+                return view.json(mine)
+            try:
+                docs = await views.peer_docs(request)
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            return merge([mine, *docs])
+
         async def versions_page(view: Any, request: Any) -> Any:
             """GET /versions: every version seen since (7d), with the one it replaced."""
             if (resp := denied(view, request)) is not None:
@@ -258,18 +271,16 @@ class Views:
             except BadRequest as exc:
                 return view.json({"error": str(exc)}, status=400)
             mine = {"versions": history_of(views.versions.items()).rows()}
-            if request.query.get("scope") == "local":
-                return view.json(mine)
-            try:
-                docs = await views.peer_docs(request)
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            history = merged_history([mine, *docs])
-            cutoff = time.time_ns() - seconds * 10**9
-            rows = versions_rows(
-                history, cutoff, where.get("service_name"), where.get("agent_name")
-            )
-            return view.json({"since": since, "where": where, "rows": rows})
+
+            def merge(shares: list[Any]) -> Any:
+                cutoff = time.time_ns() - seconds * 10**9
+                history = merged_history(shares)
+                rows = versions_rows(
+                    history, cutoff, where.get("service_name"), where.get("agent_name")
+                )
+                return view.json({"since": since, "where": where, "rows": rows})
+
+            return await with_peers(view, request, mine, merge)
 
         async def compare_page(view: Any, request: Any) -> Any:
             """GET /compare: a version's loop rate against the one it replaced (or
@@ -285,19 +296,16 @@ class Views:
             mine = local_share(
                 views.versions.items(), views.version_counts.items(), seconds, time.time()
             )
-            if request.query.get("scope") == "local":
-                return view.json(mine)
-            try:
-                docs = await views.peer_docs(request)
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            try:
-                doc = answer_compare(ask, [mine, *docs], covered)
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            except NotFound as exc:
-                return view.json({"error": str(exc)}, status=404)
-            return view.json(doc)
+
+            def merge(shares: list[Any]) -> Any:
+                try:
+                    return view.json(answer_compare(ask, shares, covered))
+                except BadRequest as exc:
+                    return view.json({"error": str(exc)}, status=400)
+                except NotFound as exc:
+                    return view.json({"error": str(exc)}, status=404)
+
+            return await with_peers(view, request, mine, merge)
 
         app.page("/healthz")(healthz)
         app.page("/readyz")(healthz)
