@@ -4,6 +4,7 @@
 #   prometheus, promtool                        -> Debian package `prometheus`
 #   alertmanager, amtool                        -> Debian package `prometheus-alertmanager`
 #   docker-compose (config validation only)     -> Debian package `docker-compose`
+#   helm (the chart's tests)                    -> built with Go (scripts/install-helm.sh)
 #                                                  (Debian names the binary prometheus-alertmanager;
 #                                                  an `alertmanager` symlink is added when missing)
 # Idempotent and fast (no apt at all) when everything is present. Installs with apt-get,
@@ -44,6 +45,9 @@ alertmanager_bin() {
   else return 1
   fi
 }
+
+# helm (the chart's tests) is built from the Go module proxy, not a Debian package
+"$(dirname "$0")/install-helm.sh"
 
 # package to install -> is it needed?
 missing=()
