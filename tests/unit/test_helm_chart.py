@@ -74,6 +74,12 @@ def test_the_charts_copies_of_the_rules_and_dashboard_are_the_repositorys() -> N
         )
 
 
+def test_the_alertmanager_values_snippet_is_the_repositorys_routing() -> None:
+    snippet = yaml.safe_load((REPO / "deploy" / "helm" / "alertmanager-values.yaml").read_text())
+    shipped = yaml.safe_load((REPO / "alerts" / "alertmanager" / "alertmanager.yml").read_text())
+    assert snippet == {"alertmanager": {"config": shipped}}, "run scripts/sync-chart.sh"
+
+
 def test_helm_lint_is_clean() -> None:
     for sets in ([], ALL_PARTS):
         argv = [helm(), "lint", str(CHART)]
