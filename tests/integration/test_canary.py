@@ -50,16 +50,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from streams.cli.produce import split_by_trace
 from streams.spanpath.spans import SpanRecord
-from streams.worker.kafka.topics import (
-    EPISODES_TABLE,
-    FINISHED_TABLE,
-    LOOP_COUNTS_TABLE,
-    RETAINED_TABLE,
-    RUN_COUNTS_TABLE,
-    RUNS_TABLE,
-    VERSION_COUNTS_TABLE,
-    VERSIONS_TABLE,
-)
+from streams.worker.kafka.topics import TABLES
 from streams.worker.state import retained
 from tests.integration.worker_support import read_to_end
 from tests.otlp_build import encode_request, to_json
@@ -269,17 +260,8 @@ def test_no_canary_in_topics_api_metrics_logs_or_store(sides: tuple[Canaries, li
         assert set(w.topics.values()) <= set(topics), topics
         # one changelog per table, the versions tables included (their keys hold names,
         # never content: scanned like the others)
-        tables = (
-            RUNS_TABLE,
-            FINISHED_TABLE,
-            LOOP_COUNTS_TABLE,
-            RUN_COUNTS_TABLE,
-            RETAINED_TABLE,
-            EPISODES_TABLE,
-            VERSIONS_TABLE,
-            VERSION_COUNTS_TABLE,
-        )
-        assert sorted(changelogs) == sorted(f"{w.app_id}-{t}-changelog" for t in tables), topics
+        assert len(TABLES) == 8
+        assert sorted(changelogs) == sorted(f"{w.app_id}-{t}-changelog" for t in TABLES), topics
         counts: dict[str, int] = {}
         for topic in topics:
             records = read_to_end(topic)

@@ -36,6 +36,17 @@ RETAINED_TABLE = "retained"
 EPISODES_TABLE = "episodes"
 VERSIONS_TABLE = "versions"  # which version replaced which (detectors/versions.py)
 VERSION_COUNTS_TABLE = "version_counts"  # what each version's finished runs did, windowed
+# every table, in the order their changelogs are created (one each)
+TABLES = (
+    RUNS_TABLE,
+    FINISHED_TABLE,
+    RETAINED_TABLE,
+    EPISODES_TABLE,
+    LOOP_COUNTS_TABLE,
+    RUN_COUNTS_TABLE,
+    VERSIONS_TABLE,
+    VERSION_COUNTS_TABLE,
+)
 WINDOW_SECONDS = 60.0
 WINDOW_EXPIRES_SECONDS = 24 * 3600.0
 
@@ -101,6 +112,21 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
     window_ms = str(int((WINDOW_EXPIRES_SECONDS + 2 * WINDOW_SECONDS) * 1000))
     keep_hours = max(s.run_retention_hours, s.clean_run_retention_hours)
     retained_ms = str(int((keep_hours + 24) * _HOUR_MS))
+    compact = {"cleanup.policy": "compact"}
+    windowed = {"cleanup.policy": "compact,delete", "retention.ms": window_ms}
+    # records older than the longest retention (and a day) go with their segments, whether
+    # or not the sweep reached them
+    kept = {"cleanup.policy": "compact,delete", "retention.ms": retained_ms}
+    changelogs = {
+        RUNS_TABLE: compact,
+        FINISHED_TABLE: compact,
+        RETAINED_TABLE: kept,
+        EPISODES_TABLE: kept,
+        LOOP_COUNTS_TABLE: windowed,
+        RUN_COUNTS_TABLE: windowed,
+        VERSIONS_TABLE: compact,
+        VERSION_COUNTS_TABLE: windowed,
+    }
     return [
         TopicSpec(s.input_topic, n_in, {}),
         TopicSpec(s.steps_topic, n_detect, {"retention.ms": steps_ms}, copartitioned=True),
@@ -120,22 +146,8 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
             {"cleanup.policy": "delete", "retention.ms": out_ms},
         ),
     ] + [
-        TopicSpec(s.changelog_topic(table), n_detect, config, copartitioned=True)
-        for table, config in (
-            (RUNS_TABLE, {"cleanup.policy": "compact"}),
-            (FINISHED_TABLE, {"cleanup.policy": "compact"}),
-            # records older than the longest retention (and a day) go with their
-            # segments, whether or not the sweep reached them
-            (RETAINED_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": retained_ms}),
-            (EPISODES_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": retained_ms}),
-            (LOOP_COUNTS_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": window_ms}),
-            (RUN_COUNTS_TABLE, {"cleanup.policy": "compact,delete", "retention.ms": window_ms}),
-            (VERSIONS_TABLE, {"cleanup.policy": "compact"}),
-            (
-                VERSION_COUNTS_TABLE,
-                {"cleanup.policy": "compact,delete", "retention.ms": window_ms},
-            ),
-        )
+        TopicSpec(s.changelog_topic(table), n_detect, dict(changelogs[table]), copartitioned=True)
+        for table in TABLES
     ]
 
 
