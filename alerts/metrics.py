@@ -377,6 +377,10 @@ class Metrics:
             shape=shape, prompt_version=prompt_version, tool_name=tool_name
         ).inc(_non_negative(event.get("wasted_tokens")))
 
+    def _version(self, kind: str, version: Any) -> str:
+        # the same limiter values as the other metrics' version labels, so rules join
+        return self.limiter.value("prompt_version" if kind == "prompt" else "tool_version", version)
+
     def _version_labels(self, labels: list[Any]) -> dict[str, str]:
         kind, service, agent, tool, version = labels
         lim = self.limiter.value
@@ -385,8 +389,7 @@ class Metrics:
             "service_name": lim("service_name", service),
             "agent_name": lim("agent_name", agent),
             "tool_name": lim("tool_name", tool or None),
-            # the same limiter values as the other metrics' version labels, so rules join
-            "version": lim("prompt_version" if kind == "prompt" else "tool_version", version),
+            "version": self._version(kind, version),
         }
 
     def observe_version_run(self, labels: list[Any], looping: bool) -> None:
@@ -405,13 +408,9 @@ class Metrics:
                 [kind, row["service_name"], row["agent_name"], row["tool_name"], row["version"]]
             )
             previous = row.get("previous")
-            if previous is not None:
-                label = "prompt_version" if kind == "prompt" else "tool_version"
-                previous = self.limiter.value(label, previous)
+            before = "none" if previous is None else self._version(kind, previous)
             first_ns = row.get("previous_first_ns") or 0
-            self.version_info.labels(**named, previous_version=previous or "none").set(
-                first_ns / 1e9
-            )
+            self.version_info.labels(**named, previous_version=before).set(first_ns / 1e9)
 
     def observe_run(self, summary: Mapping[str, Any]) -> None:
         """Count one finished run from its run summary (contracts §6)."""

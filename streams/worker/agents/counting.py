@@ -77,15 +77,14 @@ class Counting:
                 m.run_evicted("capacity")
         tables = self.tables
         try:
-            for (partition, label_key), n in loops.items():
-                with tables.in_event(events_of[partition]):
-                    tables.loop_counts[label_key] += n
-            for (partition, label_key), n in runs.items():
-                with tables.in_event(events_of[partition]):
-                    tables.run_counts[label_key] += n
-            for (partition, label_key), n in version_counts.items():
-                with tables.in_event(events_of[partition]):
-                    tables.version_counts[label_key] += n
+            for table, groups in (
+                (tables.loop_counts, loops),
+                (tables.run_counts, runs),
+                (tables.version_counts, version_counts),
+            ):
+                for (partition, label_key), n in groups.items():
+                    with tables.in_event(events_of[partition]):
+                        table[label_key] += n
             for (partition, key), record in seen.items():
                 raw_key = version_records.version_key(key, partition)
                 with tables.in_event(events_of[partition]):
