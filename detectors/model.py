@@ -24,6 +24,10 @@ AGENT = "agent"  # an agent / root span: termination evidence, no action
 OTHER = "other"  # any other span of the run: kept only for tree completeness
 
 
+# What counts against a declared step limit (Step.limit_counts)
+LIMIT_LLM_TURNS, LIMIT_TOOL_CALLS, LIMIT_ALL_STEPS = "llm", "tool", "steps"
+
+
 @dataclass(slots=True)
 class Step:
     """One span of a run, normalized. Field order is the wire order (see to_list)."""
@@ -78,8 +82,8 @@ class Step:
     wants_tools: bool = False
     # The model a model turn ran on (gen_ai.response.model, ...): prices its tokens.
     model: str | None = None
-    # A root or agent span's declared step limit and what counts against it ("llm",
-    # "tool", "steps"): streams/spanpath/limits.py.
+    # A root or agent span's declared step limit and what counts against it (LIMIT_*
+    # below): streams/spanpath/limits.py.
     step_limit: int | None = None
     limit_counts: str | None = None
 

@@ -24,7 +24,19 @@ from detectors.budget import budget_exhausted
 from detectors.churn import argument_churn, retry_storm
 from detectors.context import context_collapse, note_context
 from detectors.cycles import delegation_ping_pong, oscillation, replanning
-from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL, Finding, Step
+from detectors.model import (
+    AGENT,
+    HANDOFF,
+    LIMIT_ALL_STEPS,
+    LIMIT_TOOL_CALLS,
+    LLM,
+    OTHER,
+    PLAN,
+    SUMMARY,
+    TOOL,
+    Finding,
+    Step,
+)
 from detectors.policy import Policy
 from detectors.prices import price_of, wasted_cost
 from detectors.repetition import goal_already_satisfied, identical_repetition
@@ -251,9 +263,9 @@ def _ends_in_a_repeat(state: RunState) -> bool:
 
 def _steps_against(state: RunState, counted: str | None) -> int:
     """The run's steps of the kind its declared limit counts (streams/spanpath/limits.py)."""
-    if counted == "tool":
+    if counted == LIMIT_TOOL_CALLS:
         return state.tool_calls
-    if counted == "steps":
+    if counted == LIMIT_ALL_STEPS:
         return state.llm_turns + state.tool_calls
     return state.llm_turns
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-LLM_TURNS, TOOL_CALLS, ALL_STEPS = "llm", "tool", "steps"
+from detectors.model import LIMIT_ALL_STEPS as ALL_STEPS
+from detectors.model import LIMIT_LLM_TURNS as LLM_TURNS
+from detectors.model import LIMIT_TOOL_CALLS as TOOL_CALLS
 
 # the key's last segment, lower case, without "_" and "-" -> what counts against it
 LIMIT_NAMES: dict[str, str] = {
