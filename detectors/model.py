@@ -86,6 +86,12 @@ class Step:
     # below): streams/spanpath/limits.py.
     step_limit: int | None = None
     limit_counts: str | None = None
+    # Similarity sketches (streams/spanpath/sketch.py: 16 keyed bytes as hex, no content):
+    # a tool call's arguments and result; a model turn's output (its action) and the last
+    # message of its input (the observation of the previous turn's action).
+    action_sketch: str | None = None
+    result_sketch: str | None = None
+    result_items: tuple[str, ...] = ()  # the result's item digests (8 hex), at most 32
 
     def to_list(self) -> list[Any]:
         """Compact positional form for the wire (internal topic) and for state."""
@@ -96,6 +102,8 @@ class Step:
         step = cls(*values[: len(STEP_FIELDS)])
         if not isinstance(step.item_fps, tuple):  # JSON gives lists back
             step.item_fps = tuple(step.item_fps)
+        if not isinstance(step.result_items, tuple):
+            step.result_items = tuple(step.result_items)
         return step
 
     @property

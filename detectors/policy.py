@@ -61,6 +61,22 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Similarity:
+    """Near-duplicate calls (detectors/similarity.py): the policy's `similarity:`, and a
+    tool's own `similarity:` over it."""
+
+    enabled: bool = True  # off: no sketches are computed, nothing near-duplicate fires
+    min_calls: int = 3  # near-duplicate calls of one tool in the window
+    argument_similarity: float = 0.4  # estimated overlap of the arguments' words
+    result_similarity: float = 0.7  # a result this close to an earlier one is nothing new
+    seen_items: float = 0.6  # ... as is a result whose items were mostly seen in the run
+    compare_results: bool = True  # false: similar arguments alone make the loop
+    result_items: bool = True  # false: a result's items are not read, its words are
+    arguments: tuple[str, ...] | None = None  # (a tool's) the arguments compared; None: all
+    model_turns: bool = True  # (policy-wide) model turns repeating their action/observation
+
+
+@dataclass(frozen=True, slots=True)
 class ToolContract:
     name: str
     identity: tuple[str, ...] | None = None
@@ -76,6 +92,7 @@ class ToolContract:
     idempotency_key_arg: str | None = None
     business_identity: tuple[str, ...] | None = None
     reconcile_tool: str | None = None
+    similarity: Similarity | None = None  # None: the policy's
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +133,7 @@ class Policy:
     reconcile_tools: frozenset[str] = frozenset()  # derived: tools named as some reconcile_tool
     # What models' tokens cost (detectors/prices.py); empty: no money anywhere.
     prices: dict[str, Price] = field(default_factory=dict)
+    similarity: Similarity = field(default_factory=Similarity)
 
     def limits_for(self, task_type: str | None) -> Limits:
         if task_type is not None:
@@ -126,6 +144,12 @@ class Policy:
 
     def tool(self, name: str) -> ToolContract | None:
         return self.tools.get(name)
+
+    def similarity_for(self, tool: str) -> Similarity:
+        contract = self.tools.get(tool)
+        if contract is not None and contract.similarity is not None:
+            return contract.similarity
+        return self.similarity
 
 
 # ---------------------------------------------------------------------------- loading
@@ -152,7 +176,19 @@ _TOOL_KEYS = {
     "idempotency_key_arg",
     "business_identity",
     "reconcile_tool",
+    "similarity",
 }
+_SIMILARITY_KEYS = {
+    "enabled",
+    "min_calls",
+    "argument_similarity",
+    "result_similarity",
+    "seen_items",
+    "compare_results",
+    "result_items",
+}
+_TOP_SIMILARITY_KEYS = _SIMILARITY_KEYS | {"model_turns"}
+_TOOL_SIMILARITY_KEYS = _SIMILARITY_KEYS | {"arguments"}
 _PROGRESS_KEYS = {
     "version_field",
     "state_field",
@@ -180,6 +216,7 @@ _TOP_KEYS = {
     "profiles",
     "transient_message_patterns",
     "prices",
+    "similarity",
 }
 
 
@@ -217,9 +254,38 @@ def _limits(r: ConfigReader, raw: Any, path: str, base: Limits) -> Limits:
     return replace(base, **changes)
 
 
-def _tool(r: ConfigReader, name: str, raw: Any, path: str) -> ToolContract:
+def _similarity(
+    r: ConfigReader, raw: Any, path: str, base: Similarity, allowed: set[str]
+) -> Similarity:
+    if isinstance(raw, bool):  # `similarity: false`: the off switch
+        return replace(base, enabled=raw)
+    m = r.mapping(raw, path, allowed)
+    changes: dict[str, Any] = {}
+    for key in ("enabled", "compare_results", "result_items", "model_turns"):
+        if key in m:
+            changes[key] = r.boolean(m[key], join(path, key))
+    if "min_calls" in m:
+        changes["min_calls"] = r.integer(m["min_calls"], join(path, "min_calls"), minimum=2)
+    for key in ("argument_similarity", "result_similarity", "seen_items"):
+        if key in m:
+            value = r.number(m[key], join(path, key))
+            if value > 1:
+                raise r.fail(join(path, key), "a number between 0 and 1", value)
+            changes[key] = value
+    if "arguments" in m:
+        changes["arguments"] = r.strings(m["arguments"], join(path, "arguments"))
+    return replace(base, **changes)
+
+
+def _tool(
+    r: ConfigReader, name: str, raw: Any, path: str, similarity: Similarity = Similarity()
+) -> ToolContract:
     m = r.mapping(raw, path, _TOOL_KEYS)
     kw: dict[str, Any] = {"name": name}
+    if "similarity" in m:
+        kw["similarity"] = _similarity(
+            r, m["similarity"], join(path, "similarity"), similarity, _TOOL_SIMILARITY_KEYS
+        )
     if "identity" in m:
         kw["identity"] = r.strings(m["identity"], join(path, "identity"))
     if "defaults" in m:
@@ -251,9 +317,9 @@ def _tool(r: ConfigReader, name: str, raw: Any, path: str) -> ToolContract:
             kw["terminal_states"] = frozenset(
                 r.strings(p["terminal_states"], join(ppath, "terminal_states"))
             )
-        if ("cursor_arg" in p) != ("new_items_field" in p):
+        if "cursor_arg" in p and "new_items_field" not in p:
             raise ConfigError(
-                f"{r.source}: {ppath}: cursor_arg and new_items_field go together "
+                f"{r.source}: {ppath}: cursor_arg needs new_items_field "
                 "(progress = a new cursor that returns new items)"
             )
     if "max_polls" in m:
@@ -307,10 +373,14 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
             for name, value in tt.items()
             if name != "attribute"
         }
+    similarity = Similarity()
+    if "similarity" in m:
+        similarity = _similarity(r, m["similarity"], "similarity", similarity, _TOP_SIMILARITY_KEYS)
+        kw["similarity"] = similarity
     tools: dict[str, ToolContract] = {}
     if "tools" in m:
         for name, value in r.mapping(m["tools"], "tools", None).items():
-            tools[name] = _tool(r, name, value, f"tools.{name}")
+            tools[name] = _tool(r, name, value, f"tools.{name}", similarity)
     for name, contract in tools.items():
         if contract.reconcile_tool is not None and contract.reconcile_tool not in tools:
             raise ConfigError(

@@ -58,6 +58,10 @@ FIELDS = (
     "finish_reason",
     "metadata",
     "model",  # the model a model turn ran on: prices (policy `prices:`)
+    # a model turn's output (its action) and input (the last message: the observation of the
+    # previous action), read only for similarity sketches (streams/spanpath/sketch.py)
+    "model_output",
+    "model_input",
 )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
-from detectors.policy import Policy, ToolContract
+from detectors.policy import Policy, Similarity, ToolContract
 from streams.spanpath.values import apply_ops
 
 MAX_ITEMS = 64  # new items digested per result
@@ -40,6 +40,21 @@ def action_fp(
                 if arg is not None:
                     merged.pop(arg, None)
     return fp.of_value(tool, merged)
+
+
+def similar_args(
+    args: dict[str, Any], contract: ToolContract | None, similarity: Similarity
+) -> dict[str, Any]:
+    """The arguments a near-duplicate comparison reads: the ones the tool's `similarity`
+    names, else all but the cursor and the idempotency key (as the action fingerprint)."""
+    merged = contract_args(args, contract)
+    if similarity.arguments is not None:
+        return {k: merged.get(k) for k in similarity.arguments}
+    if contract is not None:
+        for arg in (contract.cursor_arg, contract.idempotency_key_arg):
+            if arg is not None and arg in merged:
+                merged = {k: v for k, v in merged.items() if k != arg}
+    return merged
 
 
 def fill_contract(

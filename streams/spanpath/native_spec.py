@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from detectors.fingerprint import Fingerprinter
 from detectors.model import STEP_FIELDS, Step
-from detectors.policy import Policy, ToolContract
+from detectors.policy import Policy, Similarity, ToolContract
 from detectors.recognition import Profile, Source
 from streams.spanpath import fallback, native
 from streams.spanpath.calls import OUT_OF_STEPS
@@ -116,7 +116,7 @@ def _profile(p: Profile) -> dict[str, Any]:
     }
 
 
-def _contract(c: ToolContract) -> dict[str, Any]:
+def _contract(c: ToolContract, policy_similarity: Similarity) -> dict[str, Any]:
     where = f"tools.{c.name}"
     for arg, ops in c.normalize.items():
         for op in ops:
@@ -136,6 +136,16 @@ def _contract(c: ToolContract) -> dict[str, Any]:
         "business_identity": (
             list(c.business_identity) if c.business_identity is not None else None
         ),
+        "similarity": _similarity(c.similarity or policy_similarity),
+    }
+
+
+def _similarity(s: Similarity) -> dict[str, Any]:
+    """What the span path reads of near-duplicate settings (sketch.rs `Sim`)."""
+    return {
+        "enabled": s.enabled,
+        "arguments": list(s.arguments) if s.arguments is not None else None,
+        "result_items": s.result_items,
     }
 
 
@@ -172,7 +182,9 @@ def spec(policy: Policy) -> str:
         "profiles": [_profile(p) for p in policy.profiles],
         "fallback": fallback.spec(),
         "limit_names": dict(LIMIT_NAMES),
-        "tools": {name: _contract(c) for name, c in policy.tools.items()},
+        "tools": {name: _contract(c, policy.similarity) for name, c in policy.tools.items()},
+        "similarity": _similarity(policy.similarity),
+        "turn_sketches": policy.similarity.enabled and policy.similarity.model_turns,
     }
     try:
         return json.dumps(data, allow_nan=False)

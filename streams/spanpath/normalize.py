@@ -20,10 +20,11 @@ from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, TOOL, Step
 from detectors.policy import Policy
 from detectors.recognition import Profile, Source, SpanFacts
 from streams.spanpath import fallback
-from streams.spanpath.calls import plan_calls, requested_calls
-from streams.spanpath.contract import action_fp, fill_contract, plan_fp
+from streams.spanpath.calls import last_input_message, plan_calls, requested_calls
+from streams.spanpath.contract import action_fp, fill_contract, plan_fp, similar_args
 from streams.spanpath.error_codes import ErrorCodes
 from streams.spanpath.limits import declared_limit
+from streams.spanpath.sketch import Sketcher
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 from streams.spanpath.termination import termination_reason
 from streams.spanpath.values import (
@@ -156,6 +157,9 @@ class Normalizer:
             self._run_keys = (run_key,)
         self._profiles = policy.profiles
         self._errors = ErrorCodes(policy)
+        self._sketch = Sketcher(fingerprinter)
+        similarity = policy.similarity
+        self._turn_sketches = similarity.enabled and similarity.model_turns
         # Fields every profile reads the same way (policy settings, not conventions).
         common: dict[str, tuple[str, ...]] = {
             # OpenLLMetry copies LangChain metadata to traceloop.association.properties.<key>.
@@ -322,6 +326,13 @@ class Normalizer:
             step.wants_tools = bool(calls) or (
                 isinstance(finish, str) and finish.lower() in TOOL_CALL_FINISH_REASONS
             )
+            if self._turn_sketches:
+                output = v.get("model_output")
+                if output is not None:
+                    step.action_sketch = self._sketch.of_value(as_json(output))
+                observation = last_input_message(span.attributes, v.get("model_input"))
+                if observation is not None:
+                    step.result_sketch = self._sketch.of_value(as_json(observation))
         if step.is_root or kind == AGENT:
             self._fill_termination(step, span, v, profile, facts)
         return step, profile, rule
@@ -441,6 +452,15 @@ class Normalizer:
             step.result_fp = self.fp.of_text("code", code)
         if contract is not None:
             fill_contract(self.fp, step, contract, args, result)
+        similarity = self.policy.similarity_for(tool)
+        if similarity.enabled:
+            sketch = self._sketch
+            step.action_sketch = sketch.of_value(similar_args(args, contract, similarity))
+            if has_result:
+                if similarity.result_items:
+                    step.result_sketch, step.result_items = sketch.of_result(result)
+                else:
+                    step.result_sketch = sketch.of_value(result)
 
     # ------------------------------------------------------------------ handoffs, plans
 

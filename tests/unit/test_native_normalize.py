@@ -75,6 +75,11 @@ tools:
     progress: {state_field: status, terminal_states: [complete, failed]}
   search_cases:
     progress: {cursor_arg: cursor, new_items_field: case_ids}
+    similarity: {arguments: [query, missing], result_items: false}
+  web_search:
+    similarity: {arguments: [query]}
+  page_down:
+    similarity: false
   issue_refund:
     side_effect: true
     idempotency_key_arg: idempotency_key
@@ -83,6 +88,7 @@ tools:
     side_effect: true
     idempotency_key_arg: idempotency_key
   transfer_to_billing: {identity: []}
+similarity: {model_turns: false, result_items: true}
 transient_message_patterns:
   "(?i)flaky backend": "flaky"
   "(?i)\\\\b418\\\\b": "teapot"
@@ -855,3 +861,89 @@ def test_model_turns_carry_their_model_on_both_paths() -> None:
                     models[step.model] = models.get(step.model, 0) + 1
                 assert step.kind == "llm" or step.model is None
     assert len(models) >= 2, models
+
+
+# --------------------------------------------------------------------------- sketches
+
+
+def _sketch_request() -> bytes:
+    """Spans whose arguments, results and model turns carry what the sketches read: URLs
+    in text (trailing punctuation, repeats, a bare scheme, non-ASCII), item lists (objects
+    named by url/id/title or by their whole value, strings, integers), an object holding a
+    list, a text past the 64 KiB cut with a multi-byte character across it, and the model
+    turn inputs (a messages list, an object's messages, OpenInference's flat messages)."""
+    from tests.otlp_build import encode_request
+    from tests.spankit import Run
+
+    run = Run(trace=7)
+    long_text = "Ünïcode wörds " * 4680 + "€" * 3 + " tail http://x.example/after"
+    results: list[Any] = [
+        "See https://a.example/x, https://a.example/x. and (http://b.example/y?q=1) or "
+        "https:// nothing; https://ünï.example/päth!",
+        [{"url": "https://c.example/1", "title": "One"}, {"id": 42}, {"title": "Two"}],
+        [{"x": [1, 2.5]}, "plain item", "item https://d.example/z", 123456789012345678901234],
+        {"status": "ok", "results": [{"link": "https://e.example"}, {"name": True, "href": "h"}]},
+        {"empty": [], "hits": [{"uri": 7}, {"uri": 8}]},
+        long_text,
+        {"text": "Order A-1182: shipped 2026-11-30, TRACKING 1Z999 ÄÖÜ"},
+        "",
+        [],
+    ]
+    for i, result in enumerate(results):
+        run.tool(
+            "web_search" if i % 2 else "lookup_order",
+            {"query": f"best pizza New York {2020 + i}", "page": i, "x": [True, None, 1.5]},
+            result,
+        )
+    run.tool("search_cases", {"query": "Rück erstattung", "cursor": "c1"}, {"case_ids": ["a"]})
+    run.tool("page_down", {}, "Viewport 2 of 9 https://f.example")
+    messages = [
+        {"role": "system", "parts": [{"type": "text", "content": "You are a coder"}]},
+        {"role": "user", "parts": [{"type": "text", "content": "Observation: 3 rows, 42"}]},
+    ]
+    run.other(
+        "chat",
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.input.messages": json.dumps(messages),
+            "gen_ai.output.messages": json.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": "print(df.head())"}]}]
+            ),
+        },
+    )
+    run.other(
+        "chat",
+        {
+            "openinference.span.kind": "LLM",
+            "input.value": json.dumps({"messages": messages, "temperature": 0}),
+            "output.value": "Thought: retry\nCode:\n```py\nprint(df.head(10))\n```",
+        },
+    )
+    flat = {f"llm.input_messages.{n}.message.content": f"message {n} obs" for n in (0, 3, 11, 2)}
+    flat["llm.input_messages.01.message.content"] = "zero-padded"
+    flat["llm.input_messages.x.message.content"] = "not a number"
+    flat["llm.output_messages.0.message.content"] = "final_answer(42)"
+    run.other("chat", {"openinference.span.kind": "LLM", **flat})
+    run.other("chat", {"openinference.span.kind": "LLM", "input.value": "plain prompt text"})
+    run.root()
+    return encode_request(run.spans)
+
+
+def test_sketches_are_identical_on_both_paths() -> None:
+    data = _sketch_request()
+    for encoding, message in ((OTLP_PROTO, data), (OTLP_JSON, proto_to_json_bytes(data))):
+        check(message, must_be_native=True, encoding=encoding)
+    # ... and there is something to compare: sketches, items, and the settings applied
+    normalizer = Normalizer(POLICIES["custom"], Fingerprinter(b"k"))
+    steps = [normalizer.step(s) for s in decode_proto_py(data)]
+    tools = [s for s in steps if s.kind == "tool"]
+    assert all(s.action_sketch for s in tools[:-1]) and tools[-1].action_sketch is None
+    assert [len(s.result_items) for s in tools[:5]] == [3, 3, 4, 2, 2]
+    assert tools[5].result_sketch and not tools[5].result_items  # one URL: not a list
+    turns = [s for s in steps if s.kind == "llm"]
+    assert not any(s.action_sketch or s.result_sketch for s in turns)  # model_turns: false
+    default = Normalizer(POLICIES["default"], Fingerprinter(b"k"))
+    turns = [default.step(s) for s in decode_proto_py(data)]
+    turns = [s for s in turns if s.kind == "llm"]
+    assert [bool(s.action_sketch) for s in turns] == [True, True, True, False]
+    assert [bool(s.result_sketch) for s in turns] == [True, True, True, False]

@@ -64,7 +64,23 @@ def test_defaults_without_a_file():
         ),
         (
             {"tools": {"t": {"progress": {"cursor_arg": "c"}}}},
-            "<p>: tools.t.progress: cursor_arg and new_items_field go together",
+            "<p>: tools.t.progress: cursor_arg needs new_items_field",
+        ),
+        (
+            {"similarity": {"seen_items": 1.5}},
+            "<p>: similarity.seen_items: expected a number between 0 and 1",
+        ),
+        (
+            {"similarity": {"arguments": ["q"]}},
+            "<p>: similarity.arguments: unknown key",
+        ),
+        (
+            {"tools": {"t": {"similarity": {"model_turns": False}}}},
+            "<p>: tools.t.similarity.model_turns: unknown key",
+        ),
+        (
+            {"tools": {"t": {"similarity": {"min_calls": 1}}}},
+            "<p>: tools.t.similarity.min_calls: expected",
         ),
         (
             {"tools": {"t": {"normalize": {"q": ["upper"]}}}},

@@ -82,6 +82,9 @@ impl SpanPath {
                 .map_err(ve)?,
             tools,
             step_cls,
+            sketch_base: sketch_base(key),
+            similarity: parse_sim(sget(&root, "similarity").map_err(ve)?).map_err(ve)?,
+            turn_sketches: matches!(root.get("turn_sketches"), Some(V::Bool(true))),
         })
     }
 

@@ -66,6 +66,7 @@ mod calls;
 mod contract;
 mod error_codes;
 mod fallback;
+mod sketch;
 mod spans;
 mod spec;
 mod step;
@@ -75,13 +76,14 @@ mod values;
 mod view;
 
 use self::calls::*;
+use self::sketch::*;
 use self::spans::*;
 use self::spec::*;
 use self::step::*;
 use self::values::*;
 
 // Field indices: the recognition FIELDS (detectors/recognition.py) then the policy's own.
-const FIELDS: [&str; 25] = [
+const FIELDS: [&str; 27] = [
     "operation",
     "span_kind",
     "tool_name",
@@ -104,6 +106,8 @@ const FIELDS: [&str; 25] = [
     "finish_reason",
     "metadata",
     "model",
+    "model_output",
+    "model_input",
     "sequence",
     "task_type",
     "run_key",
@@ -129,12 +133,14 @@ const F_REQUESTED_CALLS: usize = 18;
 const F_FINISH_REASON: usize = 19;
 const F_METADATA: usize = 20;
 const F_MODEL: usize = 21;
-const F_SEQUENCE: usize = 22;
-const F_TASK_TYPE: usize = 23;
-const F_RUN_KEY: usize = 24;
+const F_MODEL_OUTPUT: usize = 22;
+const F_MODEL_INPUT: usize = 23;
+const F_SEQUENCE: usize = 24;
+const F_TASK_TYPE: usize = 25;
+const F_RUN_KEY: usize = 26;
 
 /// Step fields in the order this module builds them (checked against detectors.model).
-pub const STEP_FIELDS: [&str; 41] = [
+pub const STEP_FIELDS: [&str; 44] = [
     "run_id",
     "trace_id",
     "span_id",
@@ -176,6 +182,9 @@ pub const STEP_FIELDS: [&str; 41] = [
     "model",
     "step_limit",
     "limit_counts",
+    "action_sketch",
+    "result_sketch",
+    "result_items",
 ];
 
 const TOOL: &str = "tool";
@@ -263,6 +272,7 @@ struct Contract {
     side_effect: bool,
     idempotency_key_arg: Option<String>,
     business_identity: Option<Vec<String>>,
+    similarity: Sim, // the policy's, or the tool's own over it
 }
 
 type SpecErr = String;
@@ -339,6 +349,9 @@ struct Out {
     model: Option<String>,
     step_limit: Option<i64>,
     limit_counts: Option<String>,
+    action_sketch: Option<String>,
+    result_sketch: Option<String>,
+    result_items: Vec<String>,
 }
 
 struct Facts<'s, 'a> {
@@ -366,6 +379,9 @@ pub struct SpanPath {
     limit_names: HashMap<String, String>,
     tools: HashMap<String, Contract>,
     step_cls: Py<PyAny>,
+    sketch_base: Sha256, // sketch.rs
+    similarity: Sim,     // tools without a contract
+    turn_sketches: bool, // model turns' output and last input message
 }
 
 fn pads_of(key: &[u8]) -> Option<(Sha256, Sha256)> {

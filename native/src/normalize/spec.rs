@@ -283,5 +283,19 @@ pub(super) fn parse_contract(name: &str, v: &V<'static>) -> Result<Contract, Spe
         side_effect: matches!(v.get("side_effect"), Some(V::Bool(true))),
         idempotency_key_arg: s_opt_str(v, "idempotency_key_arg")?,
         business_identity: opt_strs("business_identity")?,
+        similarity: parse_sim(sget(v, "similarity")?)?,
+    })
+}
+
+/// {"enabled", "arguments" (null: all), "result_items"} (native_spec.py `_similarity`).
+pub(super) fn parse_sim(v: &V<'static>) -> Result<Sim, SpecErr> {
+    let arguments = match v.get("arguments") {
+        None | Some(V::None) => None,
+        Some(x) => Some(s_strs(x, "similarity.arguments")?),
+    };
+    Ok(Sim {
+        enabled: matches!(v.get("enabled"), Some(V::Bool(true))),
+        arguments,
+        result_items: matches!(v.get("result_items"), Some(V::Bool(true))),
     })
 }

@@ -130,6 +130,14 @@ impl SpanPath {
                     Some(V::Str(s)) => self.tool_call_finish.contains(py_lower(py, s)?.as_ref()),
                     _ => false,
                 };
+            if self.turn_sketches {
+                if let Some(out) = v(F_MODEL_OUTPUT) {
+                    o.action_sketch = self.sketch_value(&as_json(out)?);
+                }
+                if let Some(obs) = self.last_input_message(&f)? {
+                    o.result_sketch = self.sketch_value(&as_json(&obs)?);
+                }
+            }
         }
         if o.is_root || kind == AGENT {
             self.fill_termination(py, &mut o, &f)?;
@@ -279,6 +287,9 @@ impl SpanPath {
                 None => py.None().into_bound(py),
             },
             opt(py, o.limit_counts),
+            opt(py, o.action_sketch),
+            opt(py, o.result_sketch),
+            PyTuple::new(py, o.result_items.iter().map(|x| PyString::new(py, x)))?.into_any(),
         ];
         let mut items = items;
         items[4] = match o.kind {

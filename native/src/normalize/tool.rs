@@ -91,6 +91,22 @@ impl SpanPath {
         if let Some(c) = contract {
             self.fill_contract(py, o, c, &args, &result)?;
         }
+        let sim = match contract {
+            Some(c) => &c.similarity,
+            None => &self.similarity,
+        };
+        if sim.enabled {
+            o.action_sketch = self.sketch_value(&self.similar_args(py, &args, contract, sim)?);
+            if has_result {
+                if sim.result_items {
+                    let (sketch, items) = self.sketch_result(&result)?;
+                    o.result_sketch = sketch;
+                    o.result_items = items;
+                } else {
+                    o.result_sketch = self.sketch_value(&result);
+                }
+            }
+        }
         Ok(())
     }
 }

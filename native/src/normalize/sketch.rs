@@ -1,0 +1,323 @@
+//! Similarity sketches (streams/spanpath/sketch.py states the rule; this is it byte for byte).
+
+use super::contract::pick;
+use super::*;
+
+const BINS: usize = 16;
+const MAX_RESULT_ITEMS: usize = 32;
+const MAX_FEATURES: usize = 4096;
+const MAX_DEPTH: usize = 64;
+const MAX_TEXT: usize = 65536;
+const SEED_TAG: &[u8] = b"loopwatch-sketch\x00";
+const RANK_MASK: u64 = (1u64 << 60) - 1;
+const ITEM_KEYS: [&str; 7] = ["url", "link", "href", "uri", "id", "title", "name"];
+
+/// Near-duplicate settings the span path needs (the policy's, or a tool's over it).
+#[derive(Clone)]
+pub(super) struct Sim {
+    pub(super) enabled: bool,
+    pub(super) arguments: Option<Vec<String>>,
+    pub(super) result_items: bool,
+}
+
+/// SHA-256 after the 64-byte seed block: each feature's hash starts from a copy.
+pub(super) fn sketch_base(key: Option<&[u8]>) -> Sha256 {
+    let mut h = Sha256::new();
+    h.update(SEED_TAG);
+    h.update(key.unwrap_or(b""));
+    let seed = h.finish();
+    let mut base = Sha256::new();
+    base.update(&seed);
+    base.update(&seed);
+    base
+}
+
+fn head(raw: &[u8]) -> &[u8] {
+    if raw.len() <= MAX_TEXT {
+        return raw;
+    }
+    let mut cut = MAX_TEXT;
+    while cut > 0 && raw[cut] & 0xC0 == 0x80 {
+        cut -= 1;
+    }
+    &raw[..cut]
+}
+
+#[inline]
+fn is_word(b: u8) -> bool {
+    b.is_ascii_digit() || b.is_ascii_lowercase() || b.is_ascii_uppercase() || b >= 0x80
+}
+
+fn add_words(text: &[u8], found: &mut HashSet<Vec<u8>>) {
+    let text = head(text);
+    let mut i = 0;
+    while i < text.len() {
+        if !is_word(text[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < text.len() && is_word(text[i]) {
+            i += 1;
+        }
+        if i - start >= 2 {
+            found.insert(text[start..i].to_ascii_lowercase());
+        }
+    }
+}
+
+/// Strings and integers of a value, at most MAX_DEPTH deep, in order.
+fn leaves<'v>(v: &'v V<'_>, depth: usize, out: &mut Vec<Cow<'v, [u8]>>) {
+    match v {
+        V::Str(s) => out.push(Cow::Borrowed(s.as_bytes())),
+        V::List(items) => {
+            if depth < MAX_DEPTH {
+                for x in items {
+                    leaves(x, depth + 1, out);
+                }
+            }
+        }
+        V::Dict(d) => {
+            if depth < MAX_DEPTH {
+                for (_, x) in d {
+                    leaves(x, depth + 1, out);
+                }
+            }
+        }
+        V::Bytes(_) => {}
+        V::Float(f) if !f.is_finite() => {}
+        scalar => {
+            // numbers, booleans and null as JSON writes them
+            let mut text = Vec::new();
+            if canonical(scalar, &mut text, 0).is_ok() {
+                out.push(Cow::Owned(text));
+            }
+        }
+    }
+}
+
+pub(super) fn features(v: &V<'_>) -> HashSet<Vec<u8>> {
+    let mut found = HashSet::default();
+    let mut texts = Vec::new();
+    leaves(v, 0, &mut texts);
+    for t in &texts {
+        add_words(t, &mut found);
+        if found.len() >= MAX_FEATURES {
+            break;
+        }
+    }
+    found
+}
+
+/// The URLs in a text, in order, each once.
+pub(super) fn urls(text: &str) -> Vec<String> {
+    let raw = text.as_bytes();
+    if !raw.windows(4).any(|w| w == b"http") {
+        return Vec::new();
+    }
+    let raw = head(raw);
+    let stop = |b: u8| {
+        matches!(
+            b,
+            b' ' | b'\t'
+                | b'\n'
+                | b'\r'
+                | 0x0b
+                | 0x0c
+                | b'<'
+                | b'>'
+                | b'"'
+                | b'\''
+                | b'`'
+                | b'('
+                | b')'
+                | b'['
+                | b']'
+                | b'{'
+                | b'}'
+                | b'|'
+                | b'\\'
+                | b'^'
+        )
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < raw.len() {
+        let rest = &raw[i..];
+        let scheme = if rest.starts_with(b"https://") {
+            8
+        } else if rest.starts_with(b"http://") {
+            7
+        } else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + scheme;
+        while j < raw.len() && !stop(raw[j]) {
+            j += 1;
+        }
+        if j == i + scheme {
+            i += 1; // nothing after the scheme: no match here
+            continue;
+        }
+        let mut end = j;
+        while end > i && b".,;:!?".contains(&raw[end - 1]) {
+            end -= 1;
+        }
+        if end - i > 8 {
+            let url = String::from_utf8_lossy(&raw[i..end]).into_owned();
+            if !out.contains(&url) {
+                out.push(url);
+            }
+        }
+        i = j;
+    }
+    out
+}
+
+impl SpanPath {
+    pub(super) fn sketch_of(&self, features: &HashSet<Vec<u8>>) -> Option<String> {
+        if features.is_empty() {
+            return Some("00".repeat(BINS)); // no features: equal to any other without
+        }
+        let mut mins = [u64::MAX; BINS];
+        for f in features {
+            let mut h = self.sketch_base.clone();
+            h.update(f);
+            let d = h.finish();
+            let mut b8 = [0u8; 8];
+            b8.copy_from_slice(&d[..8]);
+            let value = u64::from_be_bytes(b8);
+            let bin = (value >> 60) as usize;
+            let rank = value & RANK_MASK;
+            if rank < mins[bin] {
+                mins[bin] = rank;
+            }
+        }
+        let mut out = String::with_capacity(2 * BINS);
+        for m in mins {
+            let byte = if m == u64::MAX { 0 } else { m % 255 + 1 };
+            out.push_str(&format!("{:02x}", byte));
+        }
+        Some(out)
+    }
+
+    pub(super) fn sketch_value(&self, v: &V<'_>) -> Option<String> {
+        self.sketch_of(&features(v))
+    }
+
+    /// (sketch, item digests) of a tool result: over its items when it lists 2 or more.
+    pub(super) fn sketch_result(&self, result: &V<'_>) -> R<(Option<String>, Vec<String>)> {
+        let items = self.result_items(result)?;
+        if items.len() >= 2 {
+            let set: HashSet<Vec<u8>> = items.iter().map(|d| d.as_bytes().to_vec()).collect();
+            let short = items
+                .iter()
+                .take(MAX_RESULT_ITEMS)
+                .map(|d| d[..8].to_string())
+                .collect();
+            return Ok((self.sketch_of(&set), short));
+        }
+        Ok((self.sketch_value(result), Vec::new()))
+    }
+
+    fn result_items(&self, result: &V<'_>) -> R<Vec<String>> {
+        let listed: Option<&Vec<V<'_>>> = match result {
+            V::List(items) => Some(items),
+            V::Dict(d) => d.iter().find_map(|(_, x)| match x {
+                V::List(items) if !items.is_empty() => Some(items),
+                _ => None,
+            }),
+            _ => None,
+        };
+        if let Some(items) = listed {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                out.push(self.item_digest(item)?);
+            }
+            return Ok(out);
+        }
+        if let V::Str(s) = result {
+            return Ok(urls(s).iter().map(|u| self.of_text("item", u)).collect());
+        }
+        Ok(Vec::new())
+    }
+
+    fn item_digest(&self, item: &V<'_>) -> R<String> {
+        match item {
+            V::Dict(d) => {
+                for key in ITEM_KEYS {
+                    if let Some((_, x)) = d.iter().find(|(k, _)| k == key) {
+                        if matches!(x, V::Str(_) | V::Int(_) | V::Big(_)) {
+                            return self.of_value("item", x);
+                        }
+                    }
+                }
+                self.of_value("item", item)
+            }
+            V::Str(s) => match urls(s).into_iter().next() {
+                Some(u) => self.of_value("item", &V::Str(Cow::Owned(u))),
+                None => self.of_value("item", item),
+            },
+            _ => self.of_value("item", item),
+        }
+    }
+
+    /// The arguments a near-duplicate comparison reads (contract.py `similar_args`).
+    pub(super) fn similar_args<'a>(
+        &self,
+        py: Python<'_>,
+        args: &[(Cow<'a, str>, V<'a>)],
+        contract: Option<&Contract>,
+        sim: &Sim,
+    ) -> R<V<'a>> {
+        let merged = self.contract_args(py, args, contract)?;
+        if let Some(names) = &sim.arguments {
+            return Ok(V::Dict(pick(&merged, names)));
+        }
+        let mut merged = merged;
+        if let Some(c) = contract {
+            for arg in [&c.cursor_arg, &c.idempotency_key_arg]
+                .into_iter()
+                .flatten()
+            {
+                merged.retain(|(k, _)| k != arg);
+            }
+        }
+        Ok(V::Dict(merged))
+    }
+
+    /// The last message a model turn read (calls.py `last_input_message`).
+    pub(super) fn last_input_message<'s, 'a>(&self, f: &Facts<'s, 'a>) -> R<Option<V<'a>>> {
+        if let Some(raw) = f.view[F_MODEL_INPUT] {
+            let doc = as_json(raw)?;
+            let doc = match doc {
+                V::Dict(d) => match d.into_iter().find(|(k, _)| k == "messages") {
+                    Some((_, x)) => x,
+                    None => V::None,
+                },
+                other => other,
+            };
+            return Ok(match doc {
+                V::List(mut items) if !items.is_empty() => items.pop(),
+                _ => None,
+            });
+        }
+        let mut last: i64 = -1;
+        let mut found: Option<&V<'a>> = None;
+        for (key, _) in &f.span.attrs {
+            if let Some(rest) = key.strip_prefix("llm.input_messages.") {
+                if let Some(n) = rest.strip_suffix(".message.content") {
+                    if !n.is_empty() && n.len() < 10 && n.bytes().all(|b| b.is_ascii_digit()) {
+                        let n: i64 = n.parse().unwrap_or(-1);
+                        if n > last {
+                            last = n;
+                            found = aget(&f.span.attrs, key);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(found.cloned())
+    }
+}
