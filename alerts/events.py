@@ -12,6 +12,8 @@ from typing import Any
 from detectors.fingerprint import stable_id
 from detectors.model import Finding
 from detectors.policy import Policy
+from detectors.similarity import DETECTOR as NEAR_DUPLICATE
+from detectors.similarity import TURNS_DETECTOR
 
 SHAPES = (
     "identical_repetition",
@@ -27,6 +29,7 @@ SHAPES = (
     "unsafe_side_effect_retry",
 )
 CRITICAL_SHAPES = frozenset({"duplicate_side_effect", "unsafe_side_effect_retry"})
+NEAR_DUPLICATE_DETECTORS = frozenset({NEAR_DUPLICATE, TURNS_DETECTOR})
 EVENT_FIELDS = (
     "event",
     "event_id",
@@ -78,6 +81,10 @@ def recommended_action(finding: Finding, policy: Policy) -> str:
         return "stop_and_escalate"
     if finding.shape == "delegation_ping_pong":
         return "human_handoff"
+    if finding.detector in NEAR_DUPLICATE_DETECTORS:
+        # the tool (or the model's own action) keeps answering what it already answered:
+        # take it away for a turn and make the model decide (the runbook's strategy 2)
+        return "constrain_toolset"
     code = finding.trigger.error_code
     if (code is not None and code in policy.missing_data_codes) or finding.trigger.empty_result:
         return "deterministic_fallback"

@@ -41,6 +41,7 @@ from detectors.policy import Policy
 from detectors.prices import price_of, wasted_cost
 from detectors.repetition import goal_already_satisfied, identical_repetition
 from detectors.side_effects import side_effects
+from detectors.similarity import near_duplicate, near_duplicate_turns
 from detectors.state import (
     BLOOM_BITS,
     DEDUP_CAP,
@@ -57,6 +58,8 @@ DETECTORS: tuple[Detector, ...] = (
     identical_repetition,
     goal_already_satisfied,
     argument_churn,
+    near_duplicate,
+    near_duplicate_turns,
     retry_storm,
     oscillation,
     replanning,
@@ -71,6 +74,7 @@ _BY_KIND: dict[str, tuple[Detector, ...]] = {
         identical_repetition,
         goal_already_satisfied,
         argument_churn,
+        near_duplicate,
         retry_storm,
         oscillation,
         context_collapse,
@@ -78,7 +82,7 @@ _BY_KIND: dict[str, tuple[Detector, ...]] = {
         budget_exhausted,
     ),
     HANDOFF: (delegation_ping_pong, budget_exhausted),
-    LLM: (note_context, replanning, budget_exhausted),
+    LLM: (note_context, replanning, near_duplicate_turns, budget_exhausted),
     PLAN: (replanning, budget_exhausted),
     SUMMARY: (note_context, budget_exhausted),
 }
@@ -493,6 +497,11 @@ def _process(ctx: Context, step: Step) -> None:
                 step.call_id,
                 state.position,
                 state.tokens,
+                step.action_sketch,
+                # a result with items is compared by them (the run's seen items), not words
+                None if step.result_items else step.result_sketch,
+                False,  # stale: detectors/similarity.py decides
+                state.llm_turns,
             ]
         )
         keep = ctx.limits.window

@@ -26,7 +26,7 @@ S_FIRST_SPAN = 13
 
 def _progress(contract: ToolContract | None, prev: list[Any], step: Step, new_items: bool) -> bool:
     if contract is not None and (
-        contract.version_field or contract.state_field or contract.cursor_arg
+        contract.version_field or contract.state_field or contract.new_items_field
     ):
         if contract.version_field is not None:
             before = prev[S_VERSION]
@@ -34,9 +34,10 @@ def _progress(contract: ToolContract | None, prev: list[Any], step: Step, new_it
                 return True
         if contract.state_field is not None and step.state_fp != prev[S_STATE]:
             return True
-        return bool(
-            contract.cursor_arg is not None and step.cursor_fp != prev[S_CURSOR] and new_items
-        )
+        if contract.cursor_arg is not None:
+            return step.cursor_fp != prev[S_CURSOR] and new_items
+        # a result that lists only items seen before in the run brings nothing new
+        return contract.new_items_field is not None and new_items
     # No declared rule: a changed result is progress. No result recorded = no evidence.
     return (
         step.result_fp is not None
@@ -155,6 +156,8 @@ def _rule_name(contract: ToolContract | None) -> str:
         return "state_change"
     if contract.cursor_arg:
         return "new_cursor_new_items"
+    if contract.new_items_field:
+        return "new_items"
     return "changed_result"
 
 

@@ -21,6 +21,8 @@ DEFERRED_CAP = 64  # events whose metrics wait for the run's labels (see RunStat
 MAP_CAP = 16  # per-detector keyed maps (plans, edges, documents, ledger)
 BLOOM_BITS = 512  # seen span ids (tree completeness), 128 hex chars serialized
 ITEM_BLOOM_BITS = 512  # seen pagination item ids
+SEEN_ITEMS_BITS = 256  # each generation of RunState.seen_items
+SEEN_ITEMS_GENERATION = 32  # items a generation takes before the older one is dropped
 _BLOOMS = ("seen_bloom", "distinct_bloom", "item_bloom")
 
 
@@ -102,6 +104,10 @@ class RunState:
     # turns (streams/spanpath/limits.py): a run that reached it ended at its limit.
     limit: list[Any] | None = None
     llm_turns: int = 0
+    # Near-duplicate loops (detectors/similarity.py): the items its results listed
+    # [newer bloom, older bloom, items in the newer], and its recent model turns (T_*).
+    seen_items: list[int] = field(default_factory=list)
+    turns: list[list[Any]] = field(default_factory=list)
     finalized: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +126,7 @@ class RunState:
             value = getattr(state, name)
             setattr(state, name, int(value, 16) if isinstance(value, str) else value)
         state.pending = [Step.from_list(values) for values in data.get("pending", ())]
+        state.window = [pad_window_entry(e) for e in state.window]
         return state
 
 
@@ -137,6 +144,20 @@ WIN_SPAN = 7
 WIN_CALL = 8
 WIN_POS = 9
 WIN_TOKENS = 10  # run's cumulative tokens when this step was released
+# added for near-duplicate loops (windows written before have 11 columns; codec.py pads them)
+WIN_ASKETCH = 11  # similarity sketch of the arguments (streams/spanpath/sketch.py)
+WIN_RSKETCH = 12  # ... of the result
+WIN_STALE = 13  # its result brought nothing new (detectors/similarity.py)
+WIN_TURN = 14  # the run's model turns when it was released: calls of one turn share it
+WIN_WIDTH = 15
+_WIN_ADDED: tuple[Any, ...] = (None, None, False, 0)  # what those hold in older entries
+
+
+def pad_window_entry(entry: list[Any]) -> list[Any]:
+    """A window entry written before the near-duplicate columns, with them."""
+    if len(entry) >= WIN_WIDTH:
+        return entry
+    return [*entry, *_WIN_ADDED[len(entry) - WIN_ASKETCH :]]
 
 
 def _fnv1a(key: str) -> int:

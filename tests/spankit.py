@@ -311,6 +311,7 @@ class Canaries:
         assert not leaked, f"canaries {leaked} leaked into {where}"
 
 
+CANARY_DETECTORS = {"near_duplicate", "near_duplicate_turns"}  # ... beside the shapes
 CANARY_SHAPES = {  # what `canary_runs` fires (budgets of 8 steps and 5000 tokens)
     "identical_repetition",
     "goal_already_satisfied",
@@ -327,7 +328,7 @@ CANARY_SHAPES = {  # what `canary_runs` fires (budgets of 8 steps and 5000 token
 
 
 def canary_runs(c: Canaries) -> list[Run]:
-    """Five runs (traces 101-105) whose loops make every detector emit, with canaries in
+    """Six runs (traces 101-106) whose loops make every detector emit, with canaries in
     every free-text place: tool arguments (values and keys) and results, status and
     exception messages and stacktraces, LLM input/output messages and system instructions,
     plan arguments, OpenInference values, OpenLLMetry envelopes, kvlist values, root input
@@ -502,5 +503,29 @@ def canary_runs(c: Canaries) -> list[Run]:
         run.handoff("support", "billing")
         run.handoff("billing", "support")
     run.root(attrs={"gen_ai.agent.finish_reason": "stop"})
+    runs.append(run)
+
+    # 6. near-duplicates: rephrased searches whose results list the same pages (customer
+    #    text in the queries, titles and URLs), and a code agent repeating its model turns
+    run = Run(trace=106)
+    secret = c("near-query")
+    pages = [
+        {"url": f"https://{c('near-url')}.example/{i}", "title": c("near-title")} for i in range(4)
+    ]
+    for query in (f"{secret} refund status", f"refund {secret} status 2026", f"status {secret}"):
+        run.tool("web_search", {"query": query}, pages)
+    code, observation = c("turn-code"), c("turn-observation")
+    for _ in range(4):
+        run.other(
+            "chat model",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": json.dumps([{"role": "user", "content": observation}]),
+                "gen_ai.output.messages": json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "text", "content": code}]}]
+                ),
+            },
+        )
+    run.root()
     runs.append(run)
     return runs

@@ -293,7 +293,8 @@ def test_long_run_with_many_findings_and_missing_parents_stays_capped() -> None:
     assert sink.last_summary is not None
     assert sink.last_summary["outcome"] == "incomplete_trace"
     assert sink.last_summary["steps"] == 10_000
-    assert sizes[10_000] < 48 * 1024, sizes
+    # (JSON form: 64 buffered steps of which each carries two 32-digit similarity sketches)
+    assert sizes[10_000] < 56 * 1024, sizes
     assert abs(sizes[10_000] - sizes[1_000]) <= 0.10 * sizes[1_000], sizes
 
 

@@ -171,11 +171,18 @@ def test_normalize_declared_by_contract_merges_queries():
 
 
 def test_no_normalization_beyond_the_contract():
+    """Fingerprints stay exact (three actions, no identical_repetition); the seeds' own
+    example is argument churn: rephrased arguments, the same answer, nothing gained."""
     run = Run()
     for q in ("Hossein", "Hossein ", "hossein"):
         run.tool("find_customer", {"query": q}, {"ok": True, "ids": ["x"]})
     run.root()
-    assert replay([run.spans])[0] == []
+    events, summaries = replay([run.spans])
+    assert summaries[0]["distinct_actions"] == 3
+    event = only(events, "argument_churn")
+    assert event["detector"] == "near_duplicate"
+    assert event["evidence"]["nothing_new"] == "exact"
+    assert event["evidence"]["distinct_arguments"] == 3
 
 
 def test_polling_uses_max_polls_for_unchanged_state():

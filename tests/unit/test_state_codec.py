@@ -152,9 +152,12 @@ def _odd_state() -> RunState:
     state = RunState(run_id="Run ÄÖ \x00 \ud800", trace_id="t")
     state.dedup = {"ABCDEF0123456789": "0a0b0c0d", "x": "", "0123456789abcdef": "zz"}
     state.window = [
-        ["t", None, "FFFF", None, True, 2**70, -1, "0123456789abcdef", None, 1, 1.5],
-        ["t", "00", None, "404", False, 0, 3, "x", "c", 2, 2],
+        ["t", None, "FFFF", None, True, 2**70, -1, "0123456789abcdef", None, 1, 1.5]
+        + ["zz", None, True, 2**70],
+        ["t", "00", None, "404", False, 0, 3, "x", "c", 2, 2] + [None, "ab" * 16, 0, -1],
     ]
+    state.seen_items = [2**600, 0, 3]
+    state.turns = [["ab" * 16, None, "x", 1, 2, False, 0, 5, None], [None, "zz", "s", 2]]
     state.streak = ["a", 2, 3, ["0123456789abcdef", "x"], [None, "c"], 1.25] + [None] * 7
     state.docs = {"k": [1, 2, [], 0, 5, []], "m": [1, 2]}  # ragged records
     state.edges = {"a->b": [1, 1, ["s"], 7, [None]]}
@@ -186,6 +189,18 @@ def test_unusual_states_round_trip_exactly(state: RunState) -> None:
     types = [[type(v) for v in row] for row in state.window]  # True is not 1, 1.5 not 1
     assert [[type(v) for v in row] for row in back.window] == types
     assert all(isinstance(s.item_fps, tuple) for s in back.pending)
+
+
+def test_a_window_written_before_the_sketches_decodes_with_them() -> None:
+    """States written by the version before near-duplicate loops have 11-column window
+    entries: they decode with the 4 added columns at their defaults."""
+    state = RunState(run_id="r")
+    row = ["t", "0123456789abcdef", "fedcba9876543210", None, False, 1, 2]
+    state.window = [[*row, "0123456789abcdef", "c1", 1, 10]]
+    back = decode_state(encode_state(state))
+    assert back.window == [[*row, "0123456789abcdef", "c1", 1, 10, None, None, False, 0]]
+    state.window = back.window
+    assert decode_state(encode_state(state)) == state
 
 
 def test_the_envelope_carries_the_packed_state() -> None:
@@ -272,9 +287,10 @@ def test_realistic_active_runs_stay_under_2_kib() -> None:
     sizes = [len(assert_exact(state)) for state in engine.runs.values()]
     json_sizes = [len(legacy(state)) for state in engine.runs.values()]
     assert len(sizes) >= 15
-    # The target is the mean (docs/PERFORMANCE.md); one state may pass it by its tool
-    # versions, which this corpus switches mid-run (8 [tool, version] pairs for 4 tools).
-    assert statistics.mean(sizes) <= 2048 and max(sizes) <= 2048 + 256, (
+    # The target is the mean (docs/PERFORMANCE.md); a state may pass it by its tool
+    # versions, which this corpus switches mid-run (8 [tool, version] pairs for 4 tools),
+    # and by the similarity sketches of a full window (34 bytes an entry, 8 entries).
+    assert statistics.mean(sizes) <= 2048 and max(sizes) <= 2048 + 512, (
         statistics.mean(sizes),
         sizes,
     )

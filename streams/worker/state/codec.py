@@ -25,17 +25,23 @@ from typing import Any
 from detectors.model import Step
 from detectors.state import (
     WIN_ACTION,
+    WIN_ASKETCH,
     WIN_CALL,
     WIN_CODE,
     WIN_EMPTY,
     WIN_END,
     WIN_OUTCOME,
     WIN_POS,
+    WIN_RSKETCH,
     WIN_SPAN,
+    WIN_STALE,
     WIN_START,
     WIN_TOKENS,
     WIN_TOOL,
+    WIN_TURN,
+    WIN_WIDTH,
     RunState,
+    pad_window_entry,
 )
 from streams.errors import DecodeError
 from streams.worker.state.packing import FORMAT_PACKED, ColumnWriter, Layout, new_writer
@@ -100,25 +106,41 @@ _MAPS = ("terminal", "plans", "edges", "docs", "ledger")  # fingerprint/edge -> 
 
 
 _WINDOW = Layout(
-    WIN_TOKENS + 1,
+    WIN_WIDTH,
     (
         (WIN_START, WIN_END),  # int64
-        (WIN_POS, WIN_TOKENS),  # small ints
+        (WIN_POS, WIN_TOKENS, WIN_TURN),  # small ints
         (WIN_ACTION, WIN_OUTCOME),  # hex digests: raw bytes
+        (WIN_ASKETCH, WIN_RSKETCH),  # hex sketches (or None): raw bytes
         (WIN_SPAN,),  # in the dedup map
         (WIN_TOOL, WIN_CALL),  # names and call ids: pooled strings
         (WIN_CODE,),  # mostly None
+        (WIN_EMPTY, WIN_STALE),
+    ),
+)
+# The window as states written before the sketches have it (11 columns).
+_WINDOW_11 = Layout(
+    WIN_ASKETCH,
+    (
+        (WIN_START, WIN_END),
+        (WIN_POS, WIN_TOKENS),
+        (WIN_ACTION, WIN_OUTCOME),
+        (WIN_SPAN,),
+        (WIN_TOOL, WIN_CALL),
+        (WIN_CODE,),
         (WIN_EMPTY,),
     ),
 )
+
 _DOCS = Layout(6, ((0, 1, 3, 4), (2,), (5,)))  # context_collapse: counts; span ids; call ids
 _LAYOUTS = {"docs": _DOCS}
 
 _get_plain, _get_times, _get_flags = (attrgetter(*names) for names in (_PLAIN, _TIMES, _FLAGS))
 _SPECIAL = ("run_id", "trace_id", "dedup", "pending", "last_key", "unresolved", "window", "streak")
-# Written after everything else, and only when there is something: states written before
-# they existed end there, and the names are pooled strings (the window's tool names).
-_TAIL = ("tool_versions",)
+# Written after everything else, and only when there is something (each section when it or
+# a later one has something): states written before they existed end there. The tool
+# versions' names are pooled strings (the window's tool names).
+_TAIL = ("tool_versions", "seen_items", "turns")
 
 
 def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_writer) -> bytes:
@@ -137,7 +159,8 @@ def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_
     keys = list(state.dedup)
     w.column(keys)
     w.set_ids(keys)  # later span ids refer to these
-    w.rows(state.window, _WINDOW)
+    window = state.window
+    w.rows(window, _WINDOW_11 if window and len(window[0]) == _WINDOW_11.width else _WINDOW)
     w.record(state.last_key)
     w.record(state.streak)
     for name in _MAPS:
@@ -145,9 +168,14 @@ def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_
     w.item(len(state.unresolved))
     w.column(state.unresolved)
     w.rows([step.to_list() for step in state.pending])
-    if state.tool_versions:
+    if state.tool_versions or state.seen_items or state.turns:
         w.item(len(state.tool_versions))
         w.column([part for pair in state.tool_versions for part in pair])
+    if state.seen_items or state.turns:
+        w.item(len(state.seen_items))
+        for bloom in state.seen_items:
+            w.bigint(bloom)
+        w.rows(state.turns)
     return w.finish()
 
 
@@ -199,17 +227,21 @@ def _decode_packed(data: bytes) -> RunState:
     digests = r.column(n)
     r.ids = r.column(n)
     fields["dedup"] = dict(zip(r.ids, digests, strict=True))
-    fields["window"] = r.rows(_WINDOW)
+    window = r.rows((_WINDOW, _WINDOW_11))
+    fields["window"] = [pad_window_entry(row) for row in window]
     fields["last_key"] = r.record()
     fields["streak"] = r.record()
     for name in _MAPS:
         fields[name] = r.mapping(_LAYOUTS.get(name))
     fields["unresolved"] = r.column(r.count())
     fields["pending"] = [Step.from_list(values) for values in r.rows()]
-    fields["tool_versions"] = []
+    fields["tool_versions"], fields["seen_items"], fields["turns"] = [], [], []
     if r.i < len(r.items):  # the tail (see _TAIL)
         flat = r.column(2 * r.count())
         fields["tool_versions"] = [list(pair) for pair in zip(flat[::2], flat[1::2], strict=True)]
+    if r.i < len(r.items):
+        fields["seen_items"] = [r.bigint() for _ in range(r.count())]
+        fields["turns"] = r.rows()
     r.done()
     return RunState(**fields)
 

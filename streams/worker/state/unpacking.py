@@ -184,7 +184,9 @@ class ColumnReader:
             raise DecodeError(f"run state: bad integer size {size!r}")
         return int.from_bytes(self.take(size), "little")
 
-    def rows(self, layout: Layout | None = None) -> list[Any]:
+    def rows(self, layout: Layout | tuple[Layout, ...] | None = None) -> list[Any]:
+        """Records written by ColumnWriter.rows; `layout` may name several (the layouts
+        of a record's successive widths): the one as wide as the records applies."""
         kind = self.kind()
         if kind == "j":
             value = self.item()
@@ -197,6 +199,8 @@ class ColumnReader:
         if n == 0:
             return []
         m = self.count()
+        if isinstance(layout, tuple) and not isinstance(layout, Layout):
+            layout = next((x for x in layout if x.width == m), None)
         if layout is None or layout.width != m:
             columns = [self.column(n) for _ in range(m)]
         else:

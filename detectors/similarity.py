@@ -1,0 +1,308 @@
+"""Near-duplicate loops: argument_churn where the arguments are only rephrased and the
+results bring nothing new (issue 29).
+
+The seeds' argument churn is "same tool, slightly different arguments, same failure"; the
+runbook names the general case: "different arguments still produce the same observation and
+no progress". These detectors fire that shape (detector `near_duplicate`, or
+`near_duplicate_turns` for model turns), from the keyed sketches the span path computed
+(streams/spanpath/sketch.py): no argument or result is ever seen here.
+
+A call that repeats the run's previous call with nothing new is identical_repetition's
+episode, as is any call of a tool whose contract declares a version or state field. Any
+other call is **stale** (brings nothing new) when its result repeats an earlier result of
+the tool exactly, or, unless it is the tool's previous call again with a new result
+(polling: progress), its items (a declared
+`new_items_field`, else the URLs / list entries the span path found) were mostly seen before
+in the run (`seen_items`), or, without items, its words overlap an earlier result of the
+tool by `result_similarity`. Only earlier calls the agent could have seen count: not those
+of the same model turn (fan-out) or still running when it started.
+
+An episode: the stale call, the earlier calls of the same tool whose arguments overlap its
+own (or a linked call's) by `argument_similarity`, those of them that were stale too, and
+the first of them (the call whose answer the others repeat); it fires once per tool and run
+when it holds `min_calls` calls with more than one argument or result among them (one call
+and one answer again and again is an exact shape's: identical_repetition, oscillation,
+context_collapse). Model turns (agents that act by writing code or text, content capture
+on) are the same with the turn's output as the arguments and the last message of the next
+turn's input as the result; a turn that asked for tool calls, or was followed by any, is
+left to the tool detectors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detectors.base import Context
+from detectors.model import LLM, TOOL, Step
+from detectors.policy import Similarity
+from detectors.repetition import S_ACTION, S_COUNT
+from detectors.state import (
+    SEEN_ITEMS_BITS,
+    SEEN_ITEMS_GENERATION,
+    WIN_ACTION,
+    WIN_ASKETCH,
+    WIN_CALL,
+    WIN_END,
+    WIN_OUTCOME,
+    WIN_POS,
+    WIN_RSKETCH,
+    WIN_SPAN,
+    WIN_STALE,
+    WIN_TOKENS,
+    WIN_TOOL,
+    WIN_TURN,
+    bloom_mask,
+)
+
+SHAPE = "argument_churn"
+DETECTOR = "near_duplicate"
+TURNS_DETECTOR = "near_duplicate_turns"
+# Layout of one RunState.turns record (a model turn).
+T_ACTION, T_OBSERVATION, T_SPAN, T_POS, T_TOKENS, T_STALE, T_ACTIONS, T_END, T_AGENT = range(9)
+
+
+def similarity(a: str | None, b: str | None) -> float | None:
+    """Estimated Jaccard overlap of two sketches' feature sets (streams/spanpath/sketch.py):
+    the share of bins, among those not empty in both, holding the same byte. None without
+    both."""
+    if a is None or b is None:
+        return None
+    if a == b:
+        return 1.0
+    x, y = int(a, 16), int(b, 16)
+    used = _nonzero_bytes(x | y)
+    return (used - _nonzero_bytes(x ^ y)) / used if used else None
+
+
+_LOW7 = int("7f" * 16, 16)
+_HIGH = int("80" * 16, 16)
+
+
+def _nonzero_bytes(v: int) -> int:
+    """How many of the 16 bytes of v are not zero (the high bit of each byte marks it)."""
+    return (((v & _LOW7) + _LOW7 | v) & _HIGH).bit_count()
+
+
+def near_duplicate(ctx: Context, step: Step) -> None:
+    """A tool call: mark it stale or not (its window entry), then look for the episode."""
+    if step.kind != TOOL:
+        return
+    sim = ctx.policy.similarity_for(step.name)
+    state = ctx.state
+    entry = state.window[-1]  # this call's (appended by the pipeline before the detectors)
+    if not sim.enabled or entry[WIN_SPAN] != step.span_id:
+        return
+    contract = ctx.contract(step.name)
+    if contract is not None and (contract.version_field or contract.state_field):
+        return  # progress is the declared version or state: identical_repetition's rules
+    streak = state.streak
+    if streak is not None and streak[S_ACTION] == step.action_fp and streak[S_COUNT] >= 2:
+        return  # the previous call again, nothing new: identical_repetition's episode
+    declared = contract is not None and contract.new_items_field is not None
+    items = step.item_fps if declared else step.result_items
+    seen = _see_items(state.seen_items, items)
+    if step.error_code is not None or step.empty_result or step.result_fp is None:
+        return  # failures are argument_churn's and retry_storm's; no result, no evidence
+    earlier = [
+        e
+        for e in state.window[:-1]
+        if e[WIN_TOOL] == step.name and _before(e, step, state.llm_turns)
+    ]
+    if not earlier:
+        return
+    stale, basis, score = _stale(sim, step, entry, earlier, items, seen, declared)
+    entry[WIN_STALE] = stale
+    if not stale:
+        return
+    cluster, low = _linked(entry, earlier, sim.argument_similarity, WIN_ACTION, WIN_ASKETCH)
+    members = [e for i, e in enumerate(cluster) if i == 0 or e[WIN_STALE]]
+    count = len(members) + 1
+    if count < sim.min_calls:
+        return
+    actions = {e[WIN_ACTION] for e in members} | {step.action_fp}
+    outcomes = {e[WIN_OUTCOME] for e in members} | {entry[WIN_OUTCOME]}
+    if len(actions) == 1 and len(outcomes) == 1:
+        return  # one call, one answer, again: the exact shapes' (oscillation, collapse, ...)
+    ctx.fire(
+        SHAPE,
+        f"{step.name}|near",
+        step,
+        count=count,
+        first_position=members[0][WIN_POS],
+        span_ids=[*(e[WIN_SPAN] for e in members), step.span_id],
+        call_ids=[*(e[WIN_CALL] for e in members), step.call_id],
+        fingerprint=step.action_fp,
+        evidence={
+            "argument_similarity": round(low, 2),
+            "nothing_new": basis,
+            basis_key(basis): round(score, 2),
+            "distinct_arguments": len(actions),
+            "distinct_results": len(outcomes),
+        },
+        wasted_steps=count - 1,
+        wasted_tokens=state.tokens - members[0][WIN_TOKENS],
+        detector=DETECTOR,
+    )
+
+
+def _linked(
+    current: list[Any], earlier: list[list[Any]], threshold: float, exact: int, sketch: int
+) -> tuple[list[list[Any]], float]:
+    """The earlier records whose action overlaps the current one's, or that of one linked
+    already, by `threshold` (rephrasings drift: the third drops what the first had and adds
+    what the second had not), in their order; and the least overlap of the links."""
+    linked = [current]
+    low = 1.0
+    rest = list(earlier)
+    grown = True
+    while grown:
+        grown = False
+        for e in list(rest):
+            best = max(
+                (
+                    1.0
+                    if exact >= 0 and e[exact] is not None and e[exact] == m[exact]
+                    else similarity(e[sketch], m[sketch]) or 0.0
+                )
+                for m in linked
+            )
+            if best >= threshold:
+                linked.append(e)
+                rest.remove(e)
+                low = min(low, best)
+                grown = True
+    ids = {id(e) for e in linked}
+    return [e for e in earlier if id(e) in ids], low
+
+
+def basis_key(basis: str) -> str:
+    """The evidence key of the score behind a stale verdict."""
+    return {"items": "seen_items", "text": "result_similarity"}.get(basis, "result_repeated")
+
+
+def _before(e: list[Any], step: Step, turns: int) -> bool:
+    """The agent could have seen e's result when it made this call: e ended before the call
+    started and, where model turns are traced, an earlier turn requested it."""
+    if e[WIN_END] > step.start_ns:
+        return False
+    turn = e[WIN_TURN]
+    return not (turns and turn == turns)
+
+
+def _stale(
+    sim: Similarity,
+    step: Step,
+    entry: list[Any],
+    earlier: list[list[Any]],
+    items: tuple[str, ...],
+    seen: float | None,
+    declared: bool,
+) -> tuple[bool, str, float]:
+    """(nothing new?, on what basis, its score)."""
+    outcome = entry[WIN_OUTCOME]
+    if any(e[WIN_OUTCOME] == outcome for e in earlier):
+        return True, "exact", 1.0
+    if earlier[-1][WIN_ACTION] == step.action_fp:
+        return False, "changed", 0.0  # the same call again, a new result: progress (polling)
+    if not sim.compare_results:
+        return True, "arguments_only", 1.0
+    if seen is not None and (declared or len(items) >= 2):
+        return seen >= sim.seen_items, "items", seen
+    best = max(
+        (s for e in earlier if (s := similarity(e[WIN_RSKETCH], step.result_sketch)) is not None),
+        default=0.0,
+    )
+    return best >= sim.result_similarity, "text", best
+
+
+def _see_items(seen: list[int], items: tuple[str, ...]) -> float | None:
+    """The share of these items already in the run's seen-items memory, which then holds
+    them: two generations of a bloom filter, the older dropped when the newer has had
+    SEEN_ITEMS_GENERATION items, so its error stays bounded however long the run."""
+    if not items:
+        return None
+    if not seen:
+        seen.extend((0, 0, 0))
+    current, previous, added = seen
+    known = 0
+    for item in items:
+        mask = bloom_mask(item, SEEN_ITEMS_BITS)
+        if current & mask == mask or previous & mask == mask:
+            known += 1
+        else:
+            current |= mask
+            added += 1
+            if added >= SEEN_ITEMS_GENERATION:
+                current, previous, added = 0, current, 0
+    seen[:] = (current, previous, added)
+    return known / len(items)
+
+
+def near_duplicate_turns(ctx: Context, step: Step) -> None:
+    """A model turn: its input's last message is the observation of its agent's previous
+    turn's output; that pair is stale when an earlier pair of the agent had (nearly) the
+    same action and the same observation."""
+    if step.kind != LLM or step.result_sketch is None:
+        return  # not a whole chat call (messages in and out): a wrapper or a partial record
+    sim = ctx.policy.similarity
+    if not (sim.enabled and sim.model_turns):
+        return
+    state = ctx.state
+    if state.action_steps > state.tool_calls:
+        # a handoff: turns of several agents interleave, and which turn's input answers
+        # which output is not in the spans (delegation_ping_pong judges the handoffs)
+        return
+    turns = state.turns
+    agent = step.agent_name or state.current_agent
+    own = [t for t in turns if t[T_AGENT] == agent]
+    if own:
+        last = own[-1]
+        if step.start_ns < last[T_END]:
+            # a model span inside the last one (a framework's wrapper around the client
+            # call): one turn; if it asked for tools, the turn's action is theirs
+            if step.wants_tools:
+                last[T_ACTION] = None
+            return
+        if last[T_ACTIONS] != state.action_steps:
+            last[T_ACTION] = None  # its action ran as tool calls or handoffs: judged there
+        if last[T_ACTION] is not None:
+            last[T_OBSERVATION] = step.result_sketch
+            _judge_turn(ctx, step, sim, own)
+    action = None if step.wants_tools else step.action_sketch
+    turns.append(
+        [action, None, step.span_id, state.position, state.tokens, False]
+        + [state.action_steps, step.end_ns, agent]
+    )
+    keep = ctx.limits.window
+    if len(turns) > keep:
+        del turns[: len(turns) - keep]
+
+
+def _judge_turn(ctx: Context, step: Step, sim: Similarity, turns: list[list[Any]]) -> None:
+    current = turns[-1]
+    complete = [t for t in turns[:-1] if t[T_ACTION] is not None and t[T_OBSERVATION] is not None]
+    cluster, low = _linked(current, complete, sim.argument_similarity, -1, T_ACTION)
+    stale = any(
+        (similarity(t[T_OBSERVATION], current[T_OBSERVATION]) or 0.0) >= sim.result_similarity
+        for t in cluster
+    )
+    current[T_STALE] = stale
+    if not stale:
+        return
+    members = [t for i, t in enumerate(cluster) if i == 0 or t[T_STALE]]
+    count = len(members) + 1
+    if count < sim.min_calls:
+        return
+    ctx.fire(
+        SHAPE,
+        "model_turns|near",
+        step,
+        count=count,
+        first_position=members[0][T_POS],
+        span_ids=[*(t[T_SPAN] for t in members), current[T_SPAN], step.span_id],
+        fingerprint=None,
+        evidence={"action_similarity": round(low, 2), "nothing_new": "observation"},
+        wasted_steps=count - 1,
+        wasted_tokens=ctx.state.tokens - members[0][T_TOKENS],
+        detector=TURNS_DETECTOR,
+    )
