@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     replay = replay_bench.run(args.spans, args.policy)
     results["replay"] = replay
+    sketches = replay_bench.sketches_on_off(args.spans, args.policy)
+    results["replay_sketches"] = sketches
     checkpoints = (100_000, args.memory_spans)
     memory = replay_bench.memory_profile(args.memory_spans, args.policy, checkpoints)
     memory["rss_mib_after_each_of_10_replays"] = leak = replay_bench.leak_check(50_000, args.policy)
@@ -138,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("replay / ceiling", f"{replay['replay_to_ceiling']:.0%}", "target >= 55% and >= 100k/s"),
         (
+            "loopwatch replay, similarity sketches on / off (`similarity: false`)",
+            f"{sketches['on_spans_per_s']:,.0f} / {sketches['off_spans_per_s']:,.0f} spans/s",
+            f"on/off x{sketches['on_spans_per_s'] / sketches['off_spans_per_s']:.2f}; best of "
+            f"{sketches['rounds']} alternating rounds, {sketches['spans']:,} spans, "
+            f"{sketches['events_on']:,} / {sketches['events_off']:,} events",
+        ),
+        (
             "loopwatch replay of the same corpus as OTLP JSON lines",
             f"{replay['json_replay_spans_per_s']:,.0f} spans/s",
             f"1 core, best of {replay['rounds']}, {replay['span_path']} span path",
@@ -185,9 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         # Alternating rounds, the best of each kept, as for the replay and its ceiling: one
         # worker run moves by 30% on a shared machine, and a single sample against a best
         # of 3 understated the ratios.
-        one, two, keyed = e2e_bench.best_of_rounds(
+        one, two, keyed, keyed_off = e2e_bench.best_of_rounds(
             args.worker_rounds,
-            {"one": {"workers": 1}, "two": {"workers": 2}, "keyed": {"workers": 1, "keyed": True}},
+            {
+                "one": {"workers": 1},
+                "two": {"workers": 2},
+                "keyed": {"workers": 1, "keyed": True},
+                "keyed_no_sketches": {"workers": 1, "keyed": True, "sketches": False},
+            },
             args.e2e_spans,
         ).values()
         lat = e2e_bench.latency(args.latency_rate, args.latency_seconds)
@@ -197,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "one_worker": one,
             "two_workers": two,
             "one_worker_keyed": keyed,
+            "one_worker_keyed_no_sketches": keyed_off,
             "latency": lat,
             "latency_keyed": lat_keyed,
             "worker_memory": mem,
@@ -222,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{keyed['worker_spans_per_s']:,.0f} spans/s",
                 f"best of {_spread(keyed)}; "
                 f"x{keyed['worker_spans_per_s'] / one['worker_spans_per_s']:.2f} vs unkeyed",
+            ),
+            (
+                "worker, trace-keyed, similarity sketches on / off",
+                f"{keyed['worker_spans_per_s']:,.0f} / {keyed_off['worker_spans_per_s']:,.0f} spans/s",
+                f"on/off x{keyed['worker_spans_per_s'] / keyed_off['worker_spans_per_s']:.2f}; "
+                f"CPU {keyed['worker_cpu_us_per_span']:,.1f} / "
+                f"{keyed_off['worker_cpu_us_per_span']:,.1f} us a span; best of {_spread(keyed_off)} off",
             ),
             (
                 "worker CPU per span (utime + stime), unkeyed / keyed",

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.corpus import export_messages
-from bench.replay_bench import replay_engine
+from bench.replay_bench import policy_without_sketches, replay_engine
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import load_policy
 from streams.cli.produce import split_by_trace
@@ -38,8 +38,12 @@ PARTITIONS = 4
 
 
 def _worker(workdir: Path, **env: str) -> WorkerProc:
+    return _worker_under(EXAMPLE_POLICY, workdir, env)
+
+
+def _worker_under(policy: Path, workdir: Path, env: dict[str, str]) -> WorkerProc:
     return WorkerProc(
-        workdir, EXAMPLE_POLICY, LOOPWATCH_STORE="rocksdb://", LOOPWATCH_LOG_LEVEL="warning", **env
+        workdir, policy, LOOPWATCH_STORE="rocksdb://", LOOPWATCH_LOG_LEVEL="warning", **env
     )
 
 
@@ -216,9 +220,12 @@ def keyed_by_trace(messages: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     return keys, values
 
 
-def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[str, Any]:
+def throughput(
+    total_spans: int, workers: int = 1, keyed: bool = False, sketches: bool = True
+) -> dict[str, Any]:
     """Pre-produce the corpus, start the worker(s), time until every record is processed.
-    `keyed`: records split and keyed by trace id, worker in keyed mode (no hop)."""
+    `keyed`: records split and keyed by trace id, worker in keyed mode (no hop).
+    `sketches=False`: the example policy with `similarity: false`."""
     past = time.time_ns() - 3_600_000_000_000  # an hour ago: no waiting on allowed lateness
     messages = list(export_messages(total_spans, seed=21, base_ns=past, run_spacing_ns=50_000_000))
     expected_ids, _, counts = _replay_expectation(messages)
@@ -229,7 +236,10 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
         keys, messages = keyed_by_trace(messages)
     mode = {"LOOPWATCH_INPUT_KEYED_BY_RUN": "true"} if keyed else {}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [_worker(Path(tmp) / f"w{i}", **mode) for i in range(workers)]
+        policy = EXAMPLE_POLICY
+        if not sketches:
+            policy = policy_without_sketches(EXAMPLE_POLICY, Path(tmp) / "no-sketches.yaml")
+        procs = [_worker_under(policy, Path(tmp) / f"w{i}", mode) for i in range(workers)]
         for i, proc in enumerate(procs[1:], 1):  # same app, topics and group as the first
             proc.env.update(
                 {
@@ -268,6 +278,7 @@ def throughput(total_spans: int, workers: int = 1, keyed: bool = False) -> dict[
     return {
         "workers": workers,
         "keyed": keyed,
+        "sketches": sketches,
         "spans": spans,
         "records": len(messages),
         "worker_spans_per_s": spans / (max(done, events_done) - started),

@@ -4,9 +4,13 @@ same corpus as OTLP JSON, and replay memory."""
 from __future__ import annotations
 
 import resource
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from bench.corpus import export_messages
 from detectors.fingerprint import Fingerprinter
@@ -57,6 +61,41 @@ def replay_engine(
         replay.feed_bytes(message, encoding=encoding)
     replay.close()
     return replay.stats.spans, time.perf_counter() - started, replay
+
+
+def policy_without_sketches(source: Path, into: Path) -> Path:
+    """`source` with `similarity: false`: the span path computes no similarity sketches."""
+    policy = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    policy["similarity"] = False
+    into.write_text(yaml.safe_dump(policy), encoding="utf-8")
+    return into
+
+
+def sketches_on_off(spans: int, policy_path: str, rounds: int = 3) -> dict[str, Any]:
+    """`loopwatch replay` of one corpus under the policy and under the same policy with
+    `similarity: false` (no similarity sketches computed, nothing near-duplicate), in
+    alternating rounds, best of each: what the sketches cost the replay."""
+    messages = list(export_messages(spans, seed=5))
+    with tempfile.TemporaryDirectory() as tmp:
+        off_path = str(policy_without_sketches(Path(policy_path), Path(tmp) / "off.yaml"))
+        replay_engine(messages[:20], policy_path)
+        replay_engine(messages[:20], off_path)
+        best = {"on": float("inf"), "off": float("inf")}
+        counted = {}
+        for _ in range(rounds):
+            for name, path in (("on", policy_path), ("off", off_path)):
+                n, seconds, replay = replay_engine(messages, path)
+                best[name] = min(best[name], seconds)
+                counted[name] = (n, replay.stats.events)
+    assert counted["on"][0] == counted["off"][0]
+    return {
+        "spans": counted["on"][0],
+        "rounds": rounds,
+        "on_spans_per_s": counted["on"][0] / best["on"],
+        "off_spans_per_s": counted["off"][0] / best["off"],
+        "events_on": counted["on"][1],
+        "events_off": counted["off"][1],
+    }
 
 
 def leak_check(spans: int, policy_path: str, replays: int = 10) -> list[float]:
