@@ -103,10 +103,13 @@ def near_duplicate(ctx: Context, step: Step) -> None:
     seen = _see_items(state.seen_items, items)
     if step.error_code is not None or step.empty_result or step.result_fp is None:
         return  # failures are argument_churn's and retry_storm's; no result, no evidence
+    name, start, turn = step.name, step.start_ns, state.llm_turns
+    # what the agent could have seen when it made this call: ended before it started and,
+    # where model turns are traced, requested by an earlier turn (not this turn's fan-out)
     earlier = [
         e
         for e in state.window[:-1]
-        if e[WIN_TOOL] == step.name and _before(e, step, state.llm_turns)
+        if e[WIN_TOOL] == name and e[WIN_END] <= start and not (turn and e[WIN_TURN] == turn)
     ]
     if not earlier:
         return
@@ -178,15 +181,6 @@ def _linked(
 def basis_key(basis: str) -> str:
     """The evidence key of the score behind a stale verdict."""
     return {"items": "seen_items", "text": "result_similarity"}.get(basis, "result_repeated")
-
-
-def _before(e: list[Any], step: Step, turns: int) -> bool:
-    """The agent could have seen e's result when it made this call: e ended before the call
-    started and, where model turns are traced, an earlier turn requested it."""
-    if e[WIN_END] > step.start_ns:
-        return False
-    turn = e[WIN_TURN]
-    return not (turns and turn == turns)
 
 
 def _stale(

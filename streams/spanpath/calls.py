@@ -98,25 +98,33 @@ def plan_calls(raw: Any) -> list[tuple[str, Any]]:
     return calls
 
 
-_FLAT_INPUT = re.compile(r"llm\.input_messages\.([0-9]+)\.message\.content")
+# Flat message lists: OpenInference's llm.input_messages.N.message.content, OpenLLMetry's
+# gen_ai.prompt.N.content.
+_FLAT_INPUT = re.compile(
+    r"(?:llm\.input_messages\.([0-9]+)\.message|gen_ai\.prompt\.([0-9]+))\.content"
+)
 
 
 def last_input_message(attrs: dict[str, Any], raw: Any) -> Any:
     """The last message a model turn read (the observation of the previous turn's action):
-    the last of a JSON messages list (or of an object's `messages`), else OpenInference's
-    flat llm.input_messages.N.message.content of the highest N. None otherwise: a prompt
-    that is not a list of messages is the whole history, not one observation."""
+    the last of a JSON messages list (or of an object's `messages`), else the flat message
+    of the highest index. None otherwise: a prompt that is not a list of messages is the
+    whole history, not one observation."""
     if raw is not None:
         doc = as_json(raw)
         if isinstance(doc, dict):
             doc = doc.get("messages")
-        return doc[-1] if isinstance(doc, list) and doc else None
+        if isinstance(doc, list) and doc:
+            return doc[-1]
     last, found = -1, None
     for key in attrs:
-        if key.startswith("llm.input_messages."):
+        if key.startswith(("llm.input_messages.", "gen_ai.prompt.")):
             match = _FLAT_INPUT.fullmatch(key)
-            if match is not None and len(match[1]) < 10 and int(match[1]) > last:
-                last, found = int(match[1]), attrs[key]
+            if match is None:
+                continue
+            index = match[1] or match[2]
+            if len(index) < 10 and int(index) > last:
+                last, found = int(index), attrs[key]
     return found
 
 

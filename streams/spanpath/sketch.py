@@ -16,15 +16,17 @@ test holds them equal):
   for URLs.
 - **Items of a result.** A JSON list, or the first non-empty list among an object's values,
   is a list of items; an item that is an object is named by its first string or integer
-  among `url`, `link`, `href`, `uri`, `id`, `title`, `name`, else by its whole value. A text
-  (a string result, or a string item of nothing else) has the URLs in it as items
-  (`http://` or `https://` up to whitespace or one of ``<>"'`()[]{}|\\^``, trailing
-  ``.,;:!?`` dropped). An item's feature is its keyed digest (`Fingerprinter.of_value` /
-  `of_text` under the tag "item"), the first 8 hex digits of which the step also carries
+  among `url`, `link`, `href`, `uri`, `id`, `title`, `name`, else by its whole value; the
+  first 64 items are read. A text (a string result, or a string item of nothing else) has
+  the URLs in it as items (`http://` or `https://` up to whitespace or one of
+  ``<>"'`()[]{}|\\^``, trailing ``.,;:!?`` dropped; the first 64 distinct). An item's
+  keyed digest (`Fingerprinter.of_value`
+  / `of_text` under the tag "item") is its feature, and already its hash (its 64 bits, as
+  below, without hashing again); the first 8 hex digits of the digests the step also carries
   (`result_items`, at most MAX_RESULT_ITEMS) so a run can tell items it has already seen.
 - **Result features.** Its items' digests when it has at least 2 items, else its features.
-- **The sketch** (one-permutation MinHash, 16 bins of one byte). Each distinct feature is
-  hashed under the deployment's key: h = the first 8 bytes (big-endian) of
+- **The sketch** (one-permutation MinHash, 16 bins of one byte). Each distinct feature (of
+  words) is hashed under the deployment's key: h = the first 8 bytes (big-endian) of
   SHA-256(seed || feature), seed = SHA-256("loopwatch-sketch\\0" || key) twice (64 bytes);
   its bin is the top 4 bits of h, its rank the other 60. Each bin keeps the least rank, and
   the sketch is the bins' bytes `least rank % 255 + 1` (0: an empty bin), as 32 hex digits:
@@ -46,6 +48,7 @@ from typing import Any
 from detectors.fingerprint import Fingerprinter, canonical
 
 BINS = 16
+MAX_ITEMS = 64  # items of a result read (as a contract's new_items_field)
 MAX_RESULT_ITEMS = 32  # item digests a step carries
 MAX_FEATURES = 4096  # distinct features hashed per value: bounds a huge result's cost
 MAX_DEPTH = 64  # nesting walked for features
@@ -73,16 +76,12 @@ class Sketcher:
         if not features:
             return _EMPTY
         base = self._base
-        mins = [_RANK_MASK + 1] * BINS
+        hashes = []
         for feature in features:
             h = base.copy()
             h.update(feature)
-            value = int.from_bytes(h.digest()[:8], "big")
-            b = value >> 60
-            rank = value & _RANK_MASK
-            if rank < mins[b]:
-                mins[b] = rank
-        return bytes(0 if m > _RANK_MASK else m % 255 + 1 for m in mins).hex()
+            hashes.append(int.from_bytes(h.digest()[:8], "big"))
+        return _bins(hashes)
 
     def of_value(self, value: Any) -> str:
         """The sketch of a value's words and integers (arguments, model turns)."""
@@ -92,7 +91,8 @@ class Sketcher:
         """(sketch, item digests) of a tool result: over its items when it lists 2 or more."""
         items = self.items(result)
         if len(items) >= 2:
-            return self.of_features({d.encode("ascii") for d in items}), tuple(
+            # an item's digest is already keyed: its 64 bits are the feature's hash
+            return _bins([int(d, 16) for d in items]), tuple(
                 d[:8] for d in items[:MAX_RESULT_ITEMS]
             )
         return self.of_features(features(result)), ()
@@ -101,10 +101,21 @@ class Sketcher:
         """The keyed digests of a result's items, in order (see the module doc)."""
         listed = _item_list(result)
         if listed is not None:
-            return [self.fp.of_value("item", _item_name(item)) for item in listed]
+            return [self.fp.of_value("item", _item_name(item)) for item in listed[:MAX_ITEMS]]
         if isinstance(result, str):
             return [self.fp.of_text("item", url) for url in urls(result)]
         return []
+
+
+def _bins(hashes: list[int]) -> str:
+    """The sketch of 64-bit feature hashes: per bin (top 4 bits) the least rank (the rest)."""
+    mins = [_RANK_MASK + 1] * BINS
+    for value in hashes:
+        b = value >> 60
+        rank = value & _RANK_MASK
+        if rank < mins[b]:
+            mins[b] = rank
+    return bytes(0 if m > _RANK_MASK else m % 255 + 1 for m in mins).hex()
 
 
 def _item_list(result: Any) -> list[Any] | None:
@@ -125,14 +136,14 @@ def _item_name(item: Any) -> Any:
                 return value
         return item
     if isinstance(item, str):
-        found = urls(item)
+        found = urls(item, 1)
         if found:
             return found[0]
     return item
 
 
-def urls(text: str) -> list[str]:
-    """The URLs in a text, in order, each once."""
+def urls(text: str, limit: int = MAX_ITEMS) -> list[str]:
+    """The first `limit` distinct URLs in a text, in order."""
     raw = _utf8(text)
     if b"http" not in raw:
         return []
@@ -144,6 +155,8 @@ def urls(text: str) -> list[str]:
         url = match.group().rstrip(_URL_TRAILING)
         if len(url) > 8:  # more than the scheme
             seen.setdefault(url.decode("utf-8", "surrogatepass"), None)
+            if len(seen) >= limit:
+                break
     return list(seen)
 
 

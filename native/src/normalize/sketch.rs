@@ -48,7 +48,7 @@ fn is_word(b: u8) -> bool {
     b.is_ascii_digit() || b.is_ascii_lowercase() || b.is_ascii_uppercase() || b >= 0x80
 }
 
-fn add_words(text: &[u8], found: &mut HashSet<Vec<u8>>) {
+fn add_words<'v>(text: &'v [u8], found: &mut HashSet<Cow<'v, [u8]>>) {
     let text = head(text);
     let mut i = 0;
     while i < text.len() {
@@ -57,60 +57,70 @@ fn add_words(text: &[u8], found: &mut HashSet<Vec<u8>>) {
             continue;
         }
         let start = i;
+        let mut upper = false;
         while i < text.len() && is_word(text[i]) {
+            upper |= text[i].is_ascii_uppercase();
             i += 1;
         }
         if i - start >= 2 {
-            found.insert(text[start..i].to_ascii_lowercase());
+            let word = &text[start..i];
+            found.insert(if upper {
+                Cow::Owned(word.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(word)
+            });
         }
     }
 }
 
-/// Strings and integers of a value, at most MAX_DEPTH deep, in order.
-fn leaves<'v>(v: &'v V<'_>, depth: usize, out: &mut Vec<Cow<'v, [u8]>>) {
+/// Walks a value's strings and scalars (at most MAX_DEPTH deep, in order) into `found`
+/// until it holds MAX_FEATURES; false once it does (stop walking).
+fn walk<'v>(v: &'v V<'_>, depth: usize, found: &mut HashSet<Cow<'v, [u8]>>) -> bool {
     match v {
-        V::Str(s) => out.push(Cow::Borrowed(s.as_bytes())),
+        V::Str(s) => add_words(s.as_bytes(), found),
         V::List(items) => {
             if depth < MAX_DEPTH {
                 for x in items {
-                    leaves(x, depth + 1, out);
+                    if !walk(x, depth + 1, found) {
+                        return false;
+                    }
                 }
             }
+            return true;
         }
         V::Dict(d) => {
             if depth < MAX_DEPTH {
                 for (_, x) in d {
-                    leaves(x, depth + 1, out);
+                    if !walk(x, depth + 1, found) {
+                        return false;
+                    }
                 }
             }
+            return true;
         }
-        V::Bytes(_) => {}
-        V::Float(f) if !f.is_finite() => {}
+        V::Bytes(_) => return true,
+        V::Float(f) if !f.is_finite() => return true,
         scalar => {
             // numbers, booleans and null as JSON writes them
             let mut text = Vec::new();
             if canonical(scalar, &mut text, 0).is_ok() {
-                out.push(Cow::Owned(text));
+                let mut words = HashSet::default();
+                add_words(&text, &mut words);
+                found.extend(words.into_iter().map(|w| Cow::Owned(w.into_owned())));
             }
         }
     }
+    found.len() < MAX_FEATURES
 }
 
-pub(super) fn features(v: &V<'_>) -> HashSet<Vec<u8>> {
+pub(super) fn features<'v>(v: &'v V<'_>) -> HashSet<Cow<'v, [u8]>> {
     let mut found = HashSet::default();
-    let mut texts = Vec::new();
-    leaves(v, 0, &mut texts);
-    for t in &texts {
-        add_words(t, &mut found);
-        if found.len() >= MAX_FEATURES {
-            break;
-        }
-    }
+    walk(v, 0, &mut found);
     found
 }
 
-/// The URLs in a text, in order, each once.
-pub(super) fn urls(text: &str) -> Vec<String> {
+/// The first `limit` distinct URLs in a text, in order.
+pub(super) fn urls(text: &str, limit: usize) -> Vec<String> {
     let raw = text.as_bytes();
     if !raw.windows(4).any(|w| w == b"http") {
         return Vec::new();
@@ -168,6 +178,9 @@ pub(super) fn urls(text: &str) -> Vec<String> {
             let url = String::from_utf8_lossy(&raw[i..end]).into_owned();
             if !out.contains(&url) {
                 out.push(url);
+                if out.len() >= limit {
+                    break;
+                }
             }
         }
         i = j;
@@ -175,31 +188,44 @@ pub(super) fn urls(text: &str) -> Vec<String> {
     out
 }
 
+/// The sketch of 64-bit feature hashes: per bin (top 4 bits) the least rank (the rest).
+fn bins(hashes: &[u64]) -> String {
+    let mut mins = [u64::MAX; BINS];
+    for value in hashes {
+        let bin = (value >> 60) as usize;
+        let rank = value & RANK_MASK;
+        if rank < mins[bin] {
+            mins[bin] = rank;
+        }
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * BINS);
+    for m in mins {
+        let byte = if m == u64::MAX {
+            0
+        } else {
+            (m % 255 + 1) as usize
+        };
+        out.push(HEX[byte >> 4] as char);
+        out.push(HEX[byte & 15] as char);
+    }
+    out
+}
+
 impl SpanPath {
-    pub(super) fn sketch_of(&self, features: &HashSet<Vec<u8>>) -> Option<String> {
-        if features.is_empty() {
-            return Some("00".repeat(BINS)); // no features: equal to any other without
-        }
-        let mut mins = [u64::MAX; BINS];
-        for f in features {
-            let mut h = self.sketch_base.clone();
-            h.update(f);
-            let d = h.finish();
-            let mut b8 = [0u8; 8];
-            b8.copy_from_slice(&d[..8]);
-            let value = u64::from_be_bytes(b8);
-            let bin = (value >> 60) as usize;
-            let rank = value & RANK_MASK;
-            if rank < mins[bin] {
-                mins[bin] = rank;
-            }
-        }
-        let mut out = String::with_capacity(2 * BINS);
-        for m in mins {
-            let byte = if m == u64::MAX { 0 } else { m % 255 + 1 };
-            out.push_str(&format!("{:02x}", byte));
-        }
-        Some(out)
+    pub(super) fn sketch_of(&self, features: &HashSet<Cow<'_, [u8]>>) -> Option<String> {
+        let hashes = features
+            .iter()
+            .map(|f| {
+                let mut h = self.sketch_base.clone();
+                h.update(f);
+                let d = h.finish();
+                let mut b8 = [0u8; 8];
+                b8.copy_from_slice(&d[..8]);
+                u64::from_be_bytes(b8)
+            })
+            .collect::<Vec<_>>();
+        Some(bins(&hashes)) // no features: all zeros, equal to any other without
     }
 
     pub(super) fn sketch_value(&self, v: &V<'_>) -> Option<String> {
@@ -210,13 +236,17 @@ impl SpanPath {
     pub(super) fn sketch_result(&self, result: &V<'_>) -> R<(Option<String>, Vec<String>)> {
         let items = self.result_items(result)?;
         if items.len() >= 2 {
-            let set: HashSet<Vec<u8>> = items.iter().map(|d| d.as_bytes().to_vec()).collect();
+            // an item's digest is already keyed: its 64 bits are the feature's hash
+            let hashes = items
+                .iter()
+                .map(|d| u64::from_str_radix(d, 16).unwrap_or(0))
+                .collect::<Vec<_>>();
             let short = items
                 .iter()
                 .take(MAX_RESULT_ITEMS)
                 .map(|d| d[..8].to_string())
                 .collect();
-            return Ok((self.sketch_of(&set), short));
+            return Ok((Some(bins(&hashes)), short));
         }
         Ok((self.sketch_value(result), Vec::new()))
     }
@@ -231,14 +261,17 @@ impl SpanPath {
             _ => None,
         };
         if let Some(items) = listed {
-            let mut out = Vec::with_capacity(items.len());
-            for item in items {
+            let mut out = Vec::with_capacity(items.len().min(MAX_ITEMS));
+            for item in items.iter().take(MAX_ITEMS) {
                 out.push(self.item_digest(item)?);
             }
             return Ok(out);
         }
         if let V::Str(s) = result {
-            return Ok(urls(s).iter().map(|u| self.of_text("item", u)).collect());
+            return Ok(urls(s, MAX_ITEMS)
+                .iter()
+                .map(|u| self.of_text("item", u))
+                .collect());
         }
         Ok(Vec::new())
     }
@@ -255,7 +288,7 @@ impl SpanPath {
                 }
                 self.of_value("item", item)
             }
-            V::Str(s) => match urls(s).into_iter().next() {
+            V::Str(s) => match urls(s, 1).into_iter().next() {
                 Some(u) => self.of_value("item", &V::Str(Cow::Owned(u))),
                 None => self.of_value("item", item),
             },
@@ -290,30 +323,35 @@ impl SpanPath {
     /// The last message a model turn read (calls.py `last_input_message`).
     pub(super) fn last_input_message<'s, 'a>(&self, f: &Facts<'s, 'a>) -> R<Option<V<'a>>> {
         if let Some(raw) = f.view[F_MODEL_INPUT] {
-            let doc = as_json(raw)?;
-            let doc = match doc {
+            let doc = match as_json(raw)? {
                 V::Dict(d) => match d.into_iter().find(|(k, _)| k == "messages") {
                     Some((_, x)) => x,
                     None => V::None,
                 },
                 other => other,
             };
-            return Ok(match doc {
-                V::List(mut items) if !items.is_empty() => items.pop(),
-                _ => None,
-            });
+            if let V::List(mut items) = doc {
+                if let Some(last) = items.pop() {
+                    return Ok(Some(last));
+                }
+            }
         }
         let mut last: i64 = -1;
         let mut found: Option<&V<'a>> = None;
         for (key, _) in &f.span.attrs {
-            if let Some(rest) = key.strip_prefix("llm.input_messages.") {
-                if let Some(n) = rest.strip_suffix(".message.content") {
-                    if !n.is_empty() && n.len() < 10 && n.bytes().all(|b| b.is_ascii_digit()) {
-                        let n: i64 = n.parse().unwrap_or(-1);
-                        if n > last {
-                            last = n;
-                            found = aget(&f.span.attrs, key);
-                        }
+            let index = if let Some(rest) = key.strip_prefix("llm.input_messages.") {
+                rest.strip_suffix(".message.content")
+            } else if let Some(rest) = key.strip_prefix("gen_ai.prompt.") {
+                rest.strip_suffix(".content")
+            } else {
+                None
+            };
+            if let Some(n) = index {
+                if !n.is_empty() && n.len() < 10 && n.bytes().all(|b| b.is_ascii_digit()) {
+                    let n: i64 = n.parse().unwrap_or(-1);
+                    if n > last {
+                        last = n;
+                        found = aget(&f.span.attrs, key);
                     }
                 }
             }
