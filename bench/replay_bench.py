@@ -76,6 +76,7 @@ def sketches_on_off(spans: int, policy_path: str, rounds: int = 3) -> dict[str, 
     `similarity: false` (no similarity sketches computed, nothing near-duplicate), in
     alternating rounds, best of each: what the sketches cost the replay."""
     messages = list(export_messages(spans, seed=5))
+    tune_gc()  # as `loopwatch replay` runs
     with tempfile.TemporaryDirectory() as tmp:
         off_path = str(policy_without_sketches(Path(policy_path), Path(tmp) / "off.yaml"))
         replay_engine(messages[:20], policy_path)

@@ -91,7 +91,7 @@ class Step:
     # message of its input (the observation of the previous turn's action).
     action_sketch: str | None = None
     result_sketch: str | None = None
-    result_items: tuple[str, ...] = ()  # the result's item digests (8 hex), at most 32
+    result_items: str = ""  # the result's item hashes, 8 hex digits each, at most 32
 
     def to_list(self) -> list[Any]:
         """Compact positional form for the wire (internal topic) and for state."""
@@ -102,8 +102,6 @@ class Step:
         step = cls(*values[: len(STEP_FIELDS)])
         if not isinstance(step.item_fps, tuple):  # JSON gives lists back
             step.item_fps = tuple(step.item_fps)
-        if not isinstance(step.result_items, tuple):
-            step.result_items = tuple(step.result_items)
         return step
 
     @property

@@ -51,7 +51,6 @@ from detectors.state import (
     WIN_TOKENS,
     WIN_TOOL,
     WIN_TURN,
-    bloom_mask,
 )
 
 SHAPE = "argument_churn"
@@ -99,7 +98,11 @@ def near_duplicate(ctx: Context, step: Step) -> None:
     if streak is not None and streak[S_ACTION] == step.action_fp and streak[S_COUNT] >= 2:
         return  # the previous call again, nothing new: identical_repetition's episode
     declared = contract is not None and contract.new_items_field is not None
-    items = step.item_fps if declared else step.result_items
+    if declared:
+        items = [int(x, 16) for x in step.item_fps]
+    else:
+        found = step.result_items
+        items = [int(found[i : i + 8], 16) for i in range(0, len(found), 8)]
     seen = _see_items(state.seen_items, items)
     if step.error_code is not None or step.empty_result or step.result_fp is None:
         return  # failures are argument_churn's and retry_storm's; no result, no evidence
@@ -188,7 +191,7 @@ def _stale(
     step: Step,
     entry: list[Any],
     earlier: list[list[Any]],
-    items: tuple[str, ...],
+    items: list[int],
     seen: float | None,
     declared: bool,
 ) -> tuple[bool, str, float]:
@@ -209,18 +212,19 @@ def _stale(
     return best >= sim.result_similarity, "text", best
 
 
-def _see_items(seen: list[int], items: tuple[str, ...]) -> float | None:
-    """The share of these items already in the run's seen-items memory, which then holds
-    them: two generations of a bloom filter, the older dropped when the newer has had
-    SEEN_ITEMS_GENERATION items, so its error stays bounded however long the run."""
+def _see_items(seen: list[int], items: list[int]) -> float | None:
+    """The share of these items (32-bit hashes) already in the run's seen-items memory,
+    which then holds them: two generations of a bloom filter (two bits an item), the older
+    dropped when the newer has had SEEN_ITEMS_GENERATION items, so its error stays bounded
+    however long the run."""
     if not items:
         return None
     if not seen:
         seen.extend((0, 0, 0))
     current, previous, added = seen
     known = 0
-    for item in items:
-        mask = bloom_mask(item, SEEN_ITEMS_BITS)
+    for h in items:
+        mask = (1 << (h % SEEN_ITEMS_BITS)) | (1 << ((h >> 20) % SEEN_ITEMS_BITS))
         if current & mask == mask or previous & mask == mask:
             known += 1
         else:

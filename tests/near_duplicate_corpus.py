@@ -247,16 +247,21 @@ def code_agent_repeating(rng: random.Random, a: Agent) -> None:
     a.tool("final_answer", {"answer": "not found"}, "not found")
 
 
-def answer_rephrased(rng: random.Random, a: Agent) -> None:
-    """A knowledge-base tool answering rephrased questions with the same article: only
-    its header (rank, time) changes."""
+def _kb_questions(rng: random.Random, a: Agent, article: Callable[[], str]) -> None:
+    """Rephrased questions to a knowledge-base tool; each answer a header (rank, time)
+    and `article()`."""
     base = [_word(rng) for _ in range(rng.randint(3, 5))]
-    body = _prose(rng, 80)
     for i in range(rng.randint(3, 5)):
         query = _rephrase(rng, base)
         a.turn([("search_kb", {"question": query})])
         header = f"Best match (score 0.{rng.randint(50, 99)}), retrieved 10:{i:02d}:{rng.randint(10, 59)}"
-        a.tool("search_kb", {"question": query}, {"answer": f"{header}\n{body}"})
+        a.tool("search_kb", {"question": query}, {"answer": f"{header}\n{article()}"})
+
+
+def answer_rephrased(rng: random.Random, a: Agent) -> None:
+    """The same article every time: only the answer's header changes."""
+    body = _prose(rng, 80)
+    _kb_questions(rng, a, lambda: body)
 
 
 # ------------------------------------------------------------------------------ progress
@@ -321,12 +326,7 @@ def code_agent_progressing(rng: random.Random, a: Agent) -> None:
 
 def answers_move_on(rng: random.Random, a: Agent) -> None:
     """Rephrased questions answered by different articles of one template."""
-    base = [_word(rng) for _ in range(rng.randint(3, 5))]
-    for i in range(rng.randint(3, 5)):
-        query = _rephrase(rng, base)
-        a.turn([("search_kb", {"question": query})])
-        header = f"Best match (score 0.{rng.randint(50, 99)}), retrieved 10:{i:02d}:{rng.randint(10, 59)}"
-        a.tool("search_kb", {"question": query}, {"answer": f"{header}\n{_prose(rng, 80)}"})
+    _kb_questions(rng, a, lambda: _prose(rng, 80))
 
 
 def unrelated_searches(rng: random.Random, a: Agent) -> None:

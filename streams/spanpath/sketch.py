@@ -20,13 +20,12 @@ test holds them equal):
   first 64 items are read. A text (a string result, or a string item of nothing else) has
   the URLs in it as items (`http://` or `https://` up to whitespace or one of
   ``<>"'`()[]{}|\\^``, trailing ``.,;:!?`` dropped; the first 64 distinct). An item's
-  keyed digest (`Fingerprinter.of_value`
-  / `of_text` under the tag "item") is its feature, and already its hash (its 64 bits, as
-  below, without hashing again); the first 8 hex digits of the digests the step also carries
-  (`result_items`, at most MAX_RESULT_ITEMS) so a run can tell items it has already seen.
-- **Result features.** Its items' digests when it has at least 2 items, else its features.
-- **The sketch** (one-permutation MinHash, 16 bins of one byte). Each distinct feature (of
-  words) is hashed under the deployment's key: h = the first 8 bytes (big-endian) of
+  feature is its name (the URL, for a text) as canonical JSON; the step also carries the top
+  32 bits of the first 32 items' hashes (`result_items`, 8 hex digits each, one string) so
+  a run can tell items it has already seen.
+- **Result features.** Its items when it has at least 2, else its features.
+- **The sketch** (one-permutation MinHash, 16 bins of one byte). Each distinct feature is
+  hashed under the deployment's key: h = the first 8 bytes (big-endian) of
   SHA-256(seed || feature), seed = SHA-256("loopwatch-sketch\\0" || key) twice (64 bytes);
   its bin is the top 4 bits of h, its rank the other 60. Each bin keeps the least rank, and
   the sketch is the bins' bytes `least rank % 255 + 1` (0: an empty bin), as 32 hex digits:
@@ -75,36 +74,41 @@ class Sketcher:
     def of_features(self, features: set[bytes]) -> str:
         if not features:
             return _EMPTY
-        base = self._base
-        hashes = []
-        for feature in features:
-            h = base.copy()
-            h.update(feature)
-            hashes.append(int.from_bytes(h.digest()[:8], "big"))
-        return _bins(hashes)
+        return _bins([self._hash(feature) for feature in features])
 
     def of_value(self, value: Any) -> str:
         """The sketch of a value's words and integers (arguments, model turns)."""
         return self.of_features(features(value))
 
-    def of_result(self, result: Any) -> tuple[str, tuple[str, ...]]:
-        """(sketch, item digests) of a tool result: over its items when it lists 2 or more."""
-        items = self.items(result)
-        if len(items) >= 2:
-            # an item's digest is already keyed: its 64 bits are the feature's hash
-            return _bins([int(d, 16) for d in items]), tuple(
-                d[:8] for d in items[:MAX_RESULT_ITEMS]
-            )
-        return self.of_features(features(result)), ()
+    def of_result(self, result: Any) -> tuple[str, str]:
+        """(sketch, item hashes) of a tool result: over its items when it lists 2 or more."""
+        hashes = self.items(result)
+        if len(hashes) >= 2:
+            short = "".join(f"{h >> 32:08x}" for h in hashes[:MAX_RESULT_ITEMS])
+            return _bins(hashes), short
+        return self.of_features(features(result)), ""
 
-    def items(self, result: Any) -> list[str]:
-        """The keyed digests of a result's items, in order (see the module doc)."""
+    def items(self, result: Any) -> list[int]:
+        """The keyed hashes of a result's items, in order (see the module doc)."""
         listed = _item_list(result)
         if listed is not None:
-            return [self.fp.of_value("item", _item_name(item)) for item in listed[:MAX_ITEMS]]
+            return [self._hash(_item_json(_item_name(item))) for item in listed[:MAX_ITEMS]]
         if isinstance(result, str):
-            return [self.fp.of_text("item", url) for url in urls(result)]
+            return [self._hash(_item_json(url)) for url in urls(result)]
         return []
+
+    def _hash(self, feature: bytes) -> int:
+        h = self._base.copy()
+        h.update(feature)
+        return int.from_bytes(h.digest()[:8], "big")
+
+
+def _item_json(name: Any) -> bytes:
+    """An item's name as canonical JSON (repr for what JSON cannot hold, as fingerprints)."""
+    try:
+        return canonical(name)
+    except (TypeError, ValueError, RecursionError):
+        return repr(name).encode("utf-8", "replace")
 
 
 def _bins(hashes: list[int]) -> str:

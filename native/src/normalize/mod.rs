@@ -351,7 +351,7 @@ struct Out {
     limit_counts: Option<String>,
     action_sketch: Option<String>,
     result_sketch: Option<String>,
-    result_items: Vec<String>,
+    result_items: String,
 }
 
 struct Facts<'s, 'a> {

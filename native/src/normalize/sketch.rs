@@ -20,6 +20,28 @@ pub(super) struct Sim {
     pub(super) result_items: bool,
 }
 
+/// What names an item (sketch.py `_item_name`): an object's first string or integer among
+/// ITEM_KEYS, a string's first URL, else the item itself.
+fn item_name<'v, 'a>(item: &'v V<'a>) -> Cow<'v, V<'a>> {
+    match item {
+        V::Dict(d) => {
+            for key in ITEM_KEYS {
+                if let Some((_, x)) = d.iter().find(|(k, _)| k == key) {
+                    if matches!(x, V::Str(_) | V::Int(_) | V::Big(_)) {
+                        return Cow::Borrowed(x);
+                    }
+                }
+            }
+            Cow::Borrowed(item)
+        }
+        V::Str(s) => match urls(s, 1).into_iter().next() {
+            Some(u) => Cow::Owned(V::Str(Cow::Owned(u))),
+            None => Cow::Borrowed(item),
+        },
+        _ => Cow::Borrowed(item),
+    }
+}
+
 /// SHA-256 after the 64-byte seed block: each feature's hash starts from a copy.
 pub(super) fn sketch_base(key: Option<&[u8]>) -> Sha256 {
     let mut h = Sha256::new();
@@ -216,14 +238,7 @@ impl SpanPath {
     pub(super) fn sketch_of(&self, features: &HashSet<Cow<'_, [u8]>>) -> Option<String> {
         let hashes = features
             .iter()
-            .map(|f| {
-                let mut h = self.sketch_base.clone();
-                h.update(f);
-                let d = h.finish();
-                let mut b8 = [0u8; 8];
-                b8.copy_from_slice(&d[..8]);
-                u64::from_be_bytes(b8)
-            })
+            .map(|f| self.feature_hash(f))
             .collect::<Vec<_>>();
         Some(bins(&hashes)) // no features: all zeros, equal to any other without
     }
@@ -232,26 +247,36 @@ impl SpanPath {
         self.sketch_of(&features(v))
     }
 
-    /// (sketch, item digests) of a tool result: over its items when it lists 2 or more.
-    pub(super) fn sketch_result(&self, result: &V<'_>) -> R<(Option<String>, Vec<String>)> {
-        let items = self.result_items(result)?;
-        if items.len() >= 2 {
-            // an item's digest is already keyed: its 64 bits are the feature's hash
-            let hashes = items
-                .iter()
-                .map(|d| u64::from_str_radix(d, 16).unwrap_or(0))
-                .collect::<Vec<_>>();
-            let short = items
-                .iter()
-                .take(MAX_RESULT_ITEMS)
-                .map(|d| d[..8].to_string())
-                .collect();
+    /// (sketch, item hashes) of a tool result: over its items when it lists 2 or more.
+    pub(super) fn sketch_result(&self, result: &V<'_>) -> R<(Option<String>, String)> {
+        let hashes = self.result_items(result)?;
+        if hashes.len() >= 2 {
+            let mut short = String::with_capacity(8 * MAX_RESULT_ITEMS);
+            for h in hashes.iter().take(MAX_RESULT_ITEMS) {
+                short.push_str(&format!("{:08x}", h >> 32));
+            }
             return Ok((Some(bins(&hashes)), short));
         }
-        Ok((self.sketch_value(result), Vec::new()))
+        Ok((self.sketch_value(result), String::new()))
     }
 
-    fn result_items(&self, result: &V<'_>) -> R<Vec<String>> {
+    fn feature_hash(&self, feature: &[u8]) -> u64 {
+        let mut h = self.sketch_base.clone();
+        h.update(feature);
+        let d = h.finish();
+        let mut b8 = [0u8; 8];
+        b8.copy_from_slice(&d[..8]);
+        u64::from_be_bytes(b8)
+    }
+
+    /// An item's name as canonical JSON, hashed (Hard where Python uses repr).
+    fn item_hash(&self, name: &V<'_>) -> R<u64> {
+        let mut text = Vec::new();
+        canonical(name, &mut text, 0)?;
+        Ok(self.feature_hash(&text))
+    }
+
+    fn result_items(&self, result: &V<'_>) -> R<Vec<u64>> {
         let listed: Option<&Vec<V<'_>>> = match result {
             V::List(items) => Some(items),
             V::Dict(d) => d.iter().find_map(|(_, x)| match x {
@@ -263,37 +288,18 @@ impl SpanPath {
         if let Some(items) = listed {
             let mut out = Vec::with_capacity(items.len().min(MAX_ITEMS));
             for item in items.iter().take(MAX_ITEMS) {
-                out.push(self.item_digest(item)?);
+                out.push(self.item_hash(item_name(item).as_ref())?);
             }
             return Ok(out);
         }
         if let V::Str(s) = result {
-            return Ok(urls(s, MAX_ITEMS)
-                .iter()
-                .map(|u| self.of_text("item", u))
-                .collect());
+            let mut out = Vec::new();
+            for u in urls(s, MAX_ITEMS) {
+                out.push(self.item_hash(&V::Str(Cow::Owned(u)))?);
+            }
+            return Ok(out);
         }
         Ok(Vec::new())
-    }
-
-    fn item_digest(&self, item: &V<'_>) -> R<String> {
-        match item {
-            V::Dict(d) => {
-                for key in ITEM_KEYS {
-                    if let Some((_, x)) = d.iter().find(|(k, _)| k == key) {
-                        if matches!(x, V::Str(_) | V::Int(_) | V::Big(_)) {
-                            return self.of_value("item", x);
-                        }
-                    }
-                }
-                self.of_value("item", item)
-            }
-            V::Str(s) => match urls(s, 1).into_iter().next() {
-                Some(u) => self.of_value("item", &V::Str(Cow::Owned(u))),
-                None => self.of_value("item", item),
-            },
-            _ => self.of_value("item", item),
-        }
     }
 
     /// The arguments a near-duplicate comparison reads (contract.py `similar_args`).

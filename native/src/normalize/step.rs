@@ -289,7 +289,7 @@ impl SpanPath {
             opt(py, o.limit_counts),
             opt(py, o.action_sketch),
             opt(py, o.result_sketch),
-            PyTuple::new(py, o.result_items.iter().map(|x| PyString::new(py, x)))?.into_any(),
+            s(&o.result_items),
         ];
         let mut items = items;
         items[4] = match o.kind {
