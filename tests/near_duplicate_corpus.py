@@ -6,10 +6,13 @@ its label. tests/unit/test_near_duplicates.py scores loopwatch on it.
 Loops:  rephrased searches whose results are mostly pages already listed (JSON lists, and
         markdown text with links); a page walked again over viewports already seen; a find
         tool rephrased over the same viewport; a code-writing agent whose model turns write
-        nearly the same code and read the same execution output.
+        nearly the same code and read the same execution output; rephrased questions
+        answered by the same article under a changing header.
 Progress: pagination with new items; polling whose state advances; fan-out in one turn
         (overlapping and back to back); a page walked forward over new content; rephrased
         searches whose results are new; a code agent whose code and output move on;
+        rephrased questions answered by new articles of one template; different pages of
+        one site (their URLs share words, their views the site's navigation links);
         unrelated searches.
 """
 
@@ -329,6 +332,19 @@ def answers_move_on(rng: random.Random, a: Agent) -> None:
     _kb_questions(rng, a, lambda: _prose(rng, 80))
 
 
+def site_pages(rng: random.Random, a: Agent) -> None:
+    """Different pages of one site: their URLs share most words, their views share the
+    site's navigation links, their content is new."""
+    site = f"https://{_word(rng)}.example/wiki/"
+    nav = [f"[{_word(rng)}]({site}{_word(rng)})" for _ in range(8)]
+    for _ in range(rng.randint(3, 5)):
+        url = site + "_".join(_word(rng) for _ in range(2))
+        links = [f"[{_word(rng)}]({site}{_word(rng)})" for _ in range(3)]
+        view = f"Address: {url}\n{' '.join(nav)}\n{_prose(rng, 100)} {' '.join(links)}"
+        a.turn([("visit_page", {"url": url})])
+        a.tool("visit_page", {"url": url}, view)
+
+
 def unrelated_searches(rng: random.Random, a: Agent) -> None:
     pool: list[dict[str, str]] = []
     for _ in range(rng.randint(3, 6)):
@@ -352,6 +368,7 @@ PROGRESS: dict[str, Callable[[random.Random, Agent], None]] = {
     "new_results": new_results,
     "code_agent_progressing": code_agent_progressing,
     "answers_move_on": answers_move_on,
+    "site_pages": site_pages,
     "unrelated_searches": unrelated_searches,
 }
 

@@ -11,7 +11,9 @@ test holds them equal):
 - **Features of a value.** The words of every string in it (object values and list items,
   at most 64 deep; object keys are not features: they are the same in every call) and of
   every other scalar as canonical JSON writes it (numbers, `true`, `false`, `null`; NaN
-  and infinities have none), read in order until 4096 distinct features (after a whole
+  and infinities have none); a string that is a URL (`http://` or `https://` and no ASCII
+  whitespace) is one feature, its bytes as they are: two pages of one site share the
+  words of their URLs, not their identity. Read in order until 4096 distinct features (after a whole
   string); of a string, its first 65536 bytes (cut back to a character boundary), also
   for URLs.
 - **Items of a result.** A JSON list, or the first non-empty list among an object's values,
@@ -55,6 +57,7 @@ MAX_TEXT = 65536  # bytes of one string read for words
 _SEED_TAG = b"loopwatch-sketch\x00"
 _RANK_MASK = (1 << 60) - 1
 _WORD = re.compile(rb"[0-9a-z\x80-\xff]{2,}")
+_SPACE = re.compile(rb"[ \t\n\r\x0b\x0c]")
 _URL = re.compile(rb"https?://[^\s<>\"'`()\[\]{}|\\^]+")
 _URL_TRAILING = b".,;:!?"
 _EMPTY = "00" * BINS  # no features: equal to any other value without any
@@ -167,7 +170,10 @@ def urls(text: str, limit: int = MAX_ITEMS) -> list[str]:
 def features(value: Any) -> set[bytes]:
     found: set[bytes] = set()
     for text in _leaves(value, 0):
-        found.update(_WORD.findall(_head(text).lower()))
+        if text.startswith((b"http://", b"https://")) and _SPACE.search(text) is None:
+            found.add(_head(text))  # a URL names one resource: one feature, not its words
+        else:
+            found.update(_WORD.findall(_head(text).lower()))
         if len(found) >= MAX_FEATURES:
             break
     return found

@@ -105,6 +105,7 @@ def short_code(value: Any) -> str | None:
 
 
 _OLL_ENVELOPE_KEYS = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
+_KWARGS_ENVELOPE_KEYS = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
 
 
 def unwrap_arguments(args: Any) -> Any:
@@ -115,11 +116,12 @@ def unwrap_arguments(args: Any) -> Any:
             return as_json(args["inputs"])
         if "input_str" in args:
             return as_json(args["input_str"])
-    # OpenInference (LlamaIndex): {"kwargs": {...}} (and "args": [] when there are none).
+    # OpenInference (LlamaIndex): {"kwargs": {...}} (and "args": [] when there are none);
+    # smolagents' Tool.__call__ adds its own flag, "sanitize_inputs_outputs".
     if (
         isinstance(args, dict)
         and isinstance(args.get("kwargs"), dict)
-        and set(args) <= {"args", "kwargs"}
+        and set(args) <= _KWARGS_ENVELOPE_KEYS
         and not args.get("args")
     ):
         return args["kwargs"]

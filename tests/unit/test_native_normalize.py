@@ -896,6 +896,7 @@ def _sketch_request() -> bytes:
             result,
         )
     run.tool("search_cases", {"query": "Rück erstattung", "cursor": "c1"}, {"case_ids": ["a"]})
+    run.tool("visit_page", {"url": "https://Ünï.example/Päth?q=1"}, "https://x.example/only")
     run.tool("page_down", {}, "Viewport 2 of 9 https://f.example")
     messages = [
         {"role": "system", "parts": [{"type": "text", "content": "You are a coder"}]},

@@ -99,7 +99,19 @@ fn add_words<'v>(text: &'v [u8], found: &mut HashSet<Cow<'v, [u8]>>) {
 /// until it holds MAX_FEATURES; false once it does (stop walking).
 fn walk<'v>(v: &'v V<'_>, depth: usize, found: &mut HashSet<Cow<'v, [u8]>>) -> bool {
     match v {
-        V::Str(s) => add_words(s.as_bytes(), found),
+        V::Str(s) => {
+            let b = s.as_bytes();
+            if (b.starts_with(b"http://") || b.starts_with(b"https://"))
+                && !b
+                    .iter()
+                    .any(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c))
+            {
+                // a URL names one resource: one feature, not its words
+                found.insert(Cow::Borrowed(head(b)));
+            } else {
+                add_words(b, found);
+            }
+        }
         V::List(items) => {
             if depth < MAX_DEPTH {
                 for x in items {

@@ -124,7 +124,10 @@ pub(super) fn unwrap_arguments<'a>(args: V<'a>) -> R<(V<'a>, bool)> {
             }
         }
         if let Some(kw @ V::Dict(_)) = args.get("kwargs") {
-            let ok_keys = d.iter().all(|(k, _)| k == "args" || k == "kwargs");
+            // smolagents' Tool.__call__ adds its own flag, "sanitize_inputs_outputs"
+            let ok_keys = d
+                .iter()
+                .all(|(k, _)| k == "args" || k == "kwargs" || k == "sanitize_inputs_outputs");
             let no_args = !args.get("args").map(|a| a.truthy()).unwrap_or(false);
             if ok_keys && no_args {
                 return Ok((kw.clone(), true));
