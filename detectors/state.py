@@ -175,6 +175,11 @@ def bloom_mask(key: str, size: int) -> int:
         h = int(key[-16:], 16)
     except ValueError:
         h = _fnv1a(key)
+    return bloom_bits(h, size)
+
+
+def bloom_bits(h: int, size: int) -> int:
+    """The two bits of a hash in a bloom filter of `size` bits."""
     return (1 << (h % size)) | (1 << ((h >> 20) % size))
 
 

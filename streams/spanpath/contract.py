@@ -34,12 +34,16 @@ def action_fp(
         if contract.identity is not None:
             merged = {k: merged.get(k) for k in contract.identity}
         else:
-            # The cursor selects a page and the idempotency key an attempt; neither
-            # defines the action (progress rules look at them separately).
-            for arg in (contract.cursor_arg, contract.idempotency_key_arg):
-                if arg is not None:
-                    merged.pop(arg, None)
+            merged = without_attempt_args(merged, contract)
     return fp.of_value(tool, merged)
+
+
+def without_attempt_args(merged: dict[str, Any], contract: ToolContract) -> dict[str, Any]:
+    """The arguments without the cursor and the idempotency key: the cursor selects a page
+    and the key an attempt; neither defines the action (progress rules look at them
+    separately)."""
+    drop = {a for a in (contract.cursor_arg, contract.idempotency_key_arg) if a is not None}
+    return {k: v for k, v in merged.items() if k not in drop} if drop & merged.keys() else merged
 
 
 def similar_args(
@@ -50,11 +54,7 @@ def similar_args(
     merged = contract_args(args, contract)
     if similarity.arguments is not None:
         return {k: merged.get(k) for k in similarity.arguments}
-    if contract is not None:
-        for arg in (contract.cursor_arg, contract.idempotency_key_arg):
-            if arg is not None and arg in merged:
-                merged = {k: v for k, v in merged.items() if k != arg}
-    return merged
+    return without_attempt_args(merged, contract) if contract is not None else merged
 
 
 def fill_contract(

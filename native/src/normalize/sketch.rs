@@ -1,6 +1,6 @@
 //! Similarity sketches (streams/spanpath/sketch.py states the rule; this is it byte for byte).
 
-use super::contract::pick;
+use super::contract::{drop_attempt_args, pick};
 use super::*;
 
 const BINS: usize = 16;
@@ -328,12 +328,7 @@ impl SpanPath {
         }
         let mut merged = merged;
         if let Some(c) = contract {
-            for arg in [&c.cursor_arg, &c.idempotency_key_arg]
-                .into_iter()
-                .flatten()
-            {
-                merged.retain(|(k, _)| k != arg);
-            }
+            drop_attempt_args(&mut merged, c);
         }
         Ok(V::Dict(merged))
     }
