@@ -11,10 +11,9 @@ A call that repeats the run's previous call with nothing new is identical_repeti
 episode, as is any call of a tool whose contract declares a version or state field. Any
 other call is **stale** (brings nothing new) when its result repeats an earlier result of
 the tool exactly, or, unless it is the tool's previous call again with a new result
-(polling: progress), its items (a declared
-`new_items_field`, else the URLs / list entries the span path found) were mostly seen before
-in the run (`seen_items`), or, without items, its words overlap an earlier result of the
-tool by `result_similarity`. Only earlier calls the agent could have seen count: not those
+(polling: progress), its items (a declared `new_items_field`, else the URLs / list entries
+the span path found) were mostly seen before in the run (`seen_items`), or, without items,
+its words overlap an earlier result of the tool by `result_similarity`. Only earlier calls the agent could have seen count: not those
 of the same model turn (fan-out) or still running when it started.
 
 An episode: the stale call, the earlier calls of the same tool whose arguments overlap its
@@ -51,6 +50,7 @@ from detectors.state import (
     WIN_TOKENS,
     WIN_TOOL,
     WIN_TURN,
+    bloom_bits,
 )
 
 SHAPE = "argument_churn"
@@ -141,7 +141,7 @@ def near_duplicate(ctx: Context, step: Step) -> None:
         evidence={
             "argument_similarity": round(low, 2),
             "nothing_new": basis,
-            basis_key(basis): round(score, 2),
+            _basis_key(basis): round(score, 2),
             "distinct_arguments": len(actions),
             "distinct_results": len(outcomes),
         },
@@ -152,11 +152,16 @@ def near_duplicate(ctx: Context, step: Step) -> None:
 
 
 def _linked(
-    current: list[Any], earlier: list[list[Any]], threshold: float, exact: int, sketch: int
+    current: list[Any],
+    earlier: list[list[Any]],
+    threshold: float,
+    exact: int | None,
+    sketch: int,
 ) -> tuple[list[list[Any]], float]:
     """The earlier records whose action overlaps the current one's, or that of one linked
     already, by `threshold` (rephrasings drift: the third drops what the first had and adds
-    what the second had not), in their order; and the least overlap of the links."""
+    what the second had not), in their order; and the least overlap of the links. `exact`:
+    the record's exact fingerprint, equal = overlap 1 (None: sketches only)."""
     linked = [current]
     low = 1.0
     rest = list(earlier)
@@ -167,7 +172,7 @@ def _linked(
             best = max(
                 (
                     1.0
-                    if exact >= 0 and e[exact] is not None and e[exact] == m[exact]
+                    if exact is not None and e[exact] is not None and e[exact] == m[exact]
                     else similarity(e[sketch], m[sketch]) or 0.0
                 )
                 for m in linked
@@ -181,7 +186,7 @@ def _linked(
     return [e for e in earlier if id(e) in ids], low
 
 
-def basis_key(basis: str) -> str:
+def _basis_key(basis: str) -> str:
     """The evidence key of the score behind a stale verdict."""
     return {"items": "seen_items", "text": "result_similarity"}.get(basis, "result_repeated")
 
@@ -224,7 +229,7 @@ def _see_items(seen: list[int], items: list[int]) -> float | None:
     current, previous, added = seen
     known = 0
     for h in items:
-        mask = (1 << (h % SEEN_ITEMS_BITS)) | (1 << ((h >> 20) % SEEN_ITEMS_BITS))
+        mask = bloom_bits(h, SEEN_ITEMS_BITS)
         if current & mask == mask or previous & mask == mask:
             known += 1
         else:
@@ -279,7 +284,7 @@ def near_duplicate_turns(ctx: Context, step: Step) -> None:
 def _judge_turn(ctx: Context, step: Step, sim: Similarity, turns: list[list[Any]]) -> None:
     current = turns[-1]
     complete = [t for t in turns[:-1] if t[T_ACTION] is not None and t[T_OBSERVATION] is not None]
-    cluster, low = _linked(current, complete, sim.argument_similarity, -1, T_ACTION)
+    cluster, low = _linked(current, complete, sim.argument_similarity, None, T_ACTION)
     stale = any(
         (similarity(t[T_OBSERVATION], current[T_OBSERVATION]) or 0.0) >= sim.result_similarity
         for t in cluster

@@ -204,14 +204,19 @@ def _results(rng: random.Random, pool: list[dict[str, str]], n: int, seen: float
 # ------------------------------------------------------------------------------ loops
 
 
-def rephrased_search(rng: random.Random, a: Agent) -> None:
+def _rephrased_searches(rng: random.Random, a: Agent, seen: Callable[[int], float]) -> None:
+    """3 to 6 rephrasings of one query; search i lists pages `seen(i)` of them seen before."""
     base = [_word(rng) for _ in range(rng.randint(3, 5))]
     pool: list[dict[str, str]] = []
     for i in range(rng.randint(3, 6)):
         query = _rephrase(rng, base)
         a.turn([("web_search", {"query": query})])
-        pages = _results(rng, pool, 8, 0.0 if i == 0 else rng.uniform(0.8, 1.0))
-        a.tool("web_search", {"query": query}, pages)
+        a.tool("web_search", {"query": query}, _results(rng, pool, 8, seen(i)))
+
+
+def rephrased_search(rng: random.Random, a: Agent) -> None:
+    """Each search after the first lists mostly pages already listed."""
+    _rephrased_searches(rng, a, lambda i: 0.0 if i == 0 else rng.uniform(0.8, 1.0))
 
 
 def page_walked_again(rng: random.Random, a: Agent) -> None:
@@ -309,12 +314,8 @@ def page_forward(rng: random.Random, a: Agent) -> None:
 
 
 def new_results(rng: random.Random, a: Agent) -> None:
-    base = [_word(rng) for _ in range(rng.randint(3, 5))]
-    pool: list[dict[str, str]] = []
-    for _ in range(rng.randint(3, 6)):
-        query = _rephrase(rng, base)
-        a.turn([("web_search", {"query": query})])
-        a.tool("web_search", {"query": query}, _results(rng, pool, 8, rng.uniform(0.0, 0.3)))
+    """Every search lists mostly new pages."""
+    _rephrased_searches(rng, a, lambda i: rng.uniform(0.0, 0.3))
 
 
 def code_agent_progressing(rng: random.Random, a: Agent) -> None:

@@ -13,9 +13,9 @@ test holds them equal):
   every other scalar as canonical JSON writes it (numbers, `true`, `false`, `null`; NaN
   and infinities have none); a string that is a URL (`http://` or `https://` and no ASCII
   whitespace) is one feature, its bytes as they are: two pages of one site share the
-  words of their URLs, not their identity. Read in order until 4096 distinct features (after a whole
-  string); of a string, its first 65536 bytes (cut back to a character boundary), also
-  for URLs.
+  words of their URLs, not their identity. Read in order until 4096 distinct features
+  (after a whole string); of a string, its first 65536 bytes (cut back to a character
+  boundary), also for URLs.
 - **Items of a result.** A JSON list, or the first non-empty list among an object's values,
   is a list of items; an item that is an object is named by its first string or integer
   among `url`, `link`, `href`, `uri`, `id`, `title`, `name`, else by its whole value; the
@@ -33,8 +33,8 @@ test holds them equal):
   the sketch is the bins' bytes `least rank % 255 + 1` (0: an empty bin), as 32 hex digits:
   all zeros when there are no features (two values without any are equal).
 
-Two sketches estimate the Jaccard overlap of their feature sets (detectors/similarity.py): the share
-of bins, among those not empty in both, that hold the same byte. A set of a few features
+Two sketches estimate the Jaccard overlap of their feature sets (detectors/similarity.py):
+the share of bins, among those not empty in both, that hold the same byte. A set of a few features
 (a search query) lands mostly one feature per bin, so the estimate is close to exact; a large
 one (a page of text) gets MinHash's usual error (about 0.1 at 16 bins).
 """
@@ -67,10 +67,9 @@ ITEM_KEYS = ("url", "link", "href", "uri", "id", "title", "name")
 class Sketcher:
     """Sketches under one fingerprint key."""
 
-    __slots__ = ("fp", "_base")
+    __slots__ = ("_base",)
 
     def __init__(self, fp: Fingerprinter) -> None:
-        self.fp = fp
         seed = hashlib.sha256(_SEED_TAG + (fp.key or b"")).digest() * 2
         self._base = hashlib.sha256(seed)  # copied per feature: the seed block is hashed once
 
@@ -151,10 +150,7 @@ def _item_name(item: Any) -> Any:
 
 def urls(text: str, limit: int = MAX_ITEMS) -> list[str]:
     """The first `limit` distinct URLs in a text, in order."""
-    raw = _utf8(text)
-    if b"http" not in raw:
-        return []
-    raw = _head(raw)
+    raw = _head(_utf8(text))
     if b"http" not in raw:
         return []
     seen: dict[str, None] = {}
