@@ -498,10 +498,10 @@ def _process(ctx: Context, step: Step) -> None:
                 state.position,
                 state.tokens,
                 step.action_sketch,
-                # a result with items is compared by them (the run's seen items), not words
-                None if step.result_items else step.result_sketch,
+                step.result_sketch,  # (none for a result with items: compared by them)
                 False,  # stale: detectors/similarity.py decides
                 state.llm_turns,
+                step.identity_fp,
             ]
         )
         keep = ctx.limits.window

@@ -76,6 +76,9 @@ class Similarity:
     model_turns: bool = True  # (policy-wide) model turns repeating their action/observation
 
 
+_NO_SIMILARITY = Similarity(enabled=False)
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContract:
     name: str
@@ -146,10 +149,15 @@ class Policy:
         return self.tools.get(name)
 
     def similarity_for(self, tool: str) -> Similarity:
+        """A tool's near-duplicate settings. Off for a tool whose contract declares a version
+        or state field: its progress is that field (identical_repetition's rules), so its
+        calls are never sketched."""
         contract = self.tools.get(tool)
-        if contract is not None and contract.similarity is not None:
-            return contract.similarity
-        return self.similarity
+        if contract is None:
+            return self.similarity
+        if contract.version_field is not None or contract.state_field is not None:
+            return _NO_SIMILARITY
+        return contract.similarity if contract.similarity is not None else self.similarity
 
 
 # ---------------------------------------------------------------------------- loading

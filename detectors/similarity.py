@@ -42,6 +42,7 @@ from detectors.state import (
     WIN_ASKETCH,
     WIN_CALL,
     WIN_END,
+    WIN_IDENTITY,
     WIN_OUTCOME,
     WIN_POS,
     WIN_RSKETCH,
@@ -56,63 +57,82 @@ from detectors.state import (
 SHAPE = "argument_churn"
 DETECTOR = "near_duplicate"
 TURNS_DETECTOR = "near_duplicate_turns"
+K = 32  # hashes a sketch keeps (streams/spanpath/sketch.py computes them)
+HASH_HEX = 8  # hex digits of one feature's hash
 # Layout of one RunState.turns record (a model turn).
 T_ACTION, T_OBSERVATION, T_SPAN, T_POS, T_TOKENS, T_STALE, T_ACTIONS, T_END, T_AGENT = range(9)
 
 
 def similarity(a: str | None, b: str | None) -> float | None:
-    """Estimated Jaccard overlap of two sketches' feature sets (streams/spanpath/sketch.py):
-    the share of bins, among those not empty in both, holding the same byte. None without
-    both."""
+    """Estimated Jaccard overlap of two sketches' feature sets (streams/spanpath/sketch.py
+    states the estimate and its error): among the hashes up to the least of the full
+    sketches' largest ones, the share both hold. None without both."""
     if a is None or b is None:
         return None
     if a == b:
         return 1.0
-    x, y = int(a, 16), int(b, 16)
-    used = _nonzero_bytes(x | y)
-    return (used - _nonzero_bytes(x ^ y)) / used if used else None
+    if not a or not b:
+        return 0.0
+    sa, ta = _hashes(a)
+    sb, tb = _hashes(b)
+    if ta is None and tb is None:
+        return len(sa & sb) / len(sa | sb)
+    t = min(x for x in (ta, tb) if x is not None)  # (fixed-width hex: text order = numbers')
+    union = [h for h in sa | sb if h <= t]
+    return sum(1 for h in union if h in sa and h in sb) / len(union)
 
 
-_LOW7 = int("7f" * 16, 16)
-_HIGH = int("80" * 16, 16)
+_PARSED: dict[str, tuple[frozenset[str], str | None]] = {}
+_PARSED_CAP = 4096
 
 
-def _nonzero_bytes(v: int) -> int:
-    """How many of the 16 bytes of v are not zero (the high bit of each byte marks it)."""
-    return (((v & _LOW7) + _LOW7 | v) & _HIGH).bit_count()
+def _hashes(sketch: str) -> tuple[frozenset[str], str | None]:
+    """A sketch's hashes, and its largest when it is full (the set may have more). Memoized:
+    a window entry is compared with each call after it."""
+    found = _PARSED.get(sketch)
+    if found is None:
+        hashes = [sketch[i : i + HASH_HEX] for i in range(0, len(sketch), HASH_HEX)]
+        found = frozenset(hashes), hashes[-1] if len(hashes) >= K else None
+        if len(_PARSED) >= _PARSED_CAP:
+            _PARSED.clear()
+        _PARSED[sketch] = found
+    return found
 
 
 def near_duplicate(ctx: Context, step: Step) -> None:
     """A tool call: mark it stale or not (its window entry), then look for the episode."""
     if step.kind != TOOL:
         return
-    sim = ctx.policy.similarity_for(step.name)
+    sim = ctx.policy.similarity_for(step.name)  # off where a version or state is progress
     state = ctx.state
     entry = state.window[-1]  # this call's (appended by the pipeline before the detectors)
     if not sim.enabled or entry[WIN_SPAN] != step.span_id:
         return
     contract = ctx.contract(step.name)
-    if contract is not None and (contract.version_field or contract.state_field):
-        return  # progress is the declared version or state: identical_repetition's rules
     streak = state.streak
     if streak is not None and streak[S_ACTION] == step.action_fp and streak[S_COUNT] >= 2:
         return  # the previous call again, nothing new: identical_repetition's episode
     declared = contract is not None and contract.new_items_field is not None
     if declared:
-        items = [int(x, 16) for x in step.item_fps]
+        items: tuple[str, ...] | list[str] = step.item_fps
     else:
         found = step.result_items
-        items = [int(found[i : i + 8], 16) for i in range(0, len(found), 8)]
-    seen = _see_items(state.seen_items, items)
+        items = [found[i : i + HASH_HEX] for i in range(0, len(found), HASH_HEX)]
+    seen = _see_items(state.seen_items, items) if items else None
     if step.error_code is not None or step.empty_result or step.result_fp is None:
         return  # failures are argument_churn's and retry_storm's; no result, no evidence
-    name, start, turn = step.name, step.start_ns, state.llm_turns
+    name, start, turn, identity = step.name, step.start_ns, state.llm_turns, step.identity_fp
     # what the agent could have seen when it made this call: ended before it started and,
-    # where model turns are traced, requested by an earlier turn (not this turn's fan-out)
+    # where model turns are traced, requested by an earlier turn (not this turn's fan-out);
+    # and of the same record: a call on another record (another order, tenant, page) is
+    # another action, and its answer news about that record, however alike their words
     earlier = [
         e
         for e in state.window[:-1]
-        if e[WIN_TOOL] == name and e[WIN_END] <= start and not (turn and e[WIN_TURN] == turn)
+        if e[WIN_TOOL] == name
+        and e[WIN_IDENTITY] == identity
+        and e[WIN_END] <= start
+        and not (turn and e[WIN_TURN] == turn)
     ]
     if not earlier:
         return
@@ -217,19 +237,20 @@ def _stale(
     return best >= sim.result_similarity, "text", best
 
 
-def _see_items(seen: list[int], items: list[int]) -> float | None:
-    """The share of these items (32-bit hashes) already in the run's seen-items memory,
+def _see_items(seen: list[int], items: tuple[str, ...] | list[str]) -> float:
+    """The share of these items (8-hex-digit hashes) already in the run's seen-items memory,
     which then holds them: two generations of a bloom filter (two bits an item), the older
     dropped when the newer has had SEEN_ITEMS_GENERATION items, so its error stays bounded
     however long the run."""
-    if not items:
-        return None
     if not seen:
         seen.extend((0, 0, 0))
     current, previous, added = seen
     known = 0
-    for h in items:
-        mask = bloom_bits(h, SEEN_ITEMS_BITS)
+    masks = _MASKS
+    for x in items:
+        mask = masks.get(x)
+        if mask is None:
+            mask = _mask(x)
         if current & mask == mask or previous & mask == mask:
             known += 1
         else:
@@ -239,6 +260,17 @@ def _see_items(seen: list[int], items: list[int]) -> float | None:
                 current, previous, added = 0, current, 0
     seen[:] = (current, previous, added)
     return known / len(items)
+
+
+_MASKS: dict[str, int] = {}  # item hash -> its two bits (items recur: a site's pages, ids)
+
+
+def _mask(item: str) -> int:
+    mask = bloom_bits(int(item, 16), SEEN_ITEMS_BITS)
+    if len(_MASKS) >= _PARSED_CAP:
+        _MASKS.clear()
+    _MASKS[item] = mask
+    return mask
 
 
 def near_duplicate_turns(ctx: Context, step: Step) -> None:

@@ -149,14 +149,19 @@ WIN_ASKETCH = 11  # similarity sketch of the arguments (streams/spanpath/sketch.
 WIN_RSKETCH = 12  # ... of the result
 WIN_STALE = 13  # its result brought nothing new (detectors/similarity.py)
 WIN_TURN = 14  # the run's model turns when it was released: calls of one turn share it
-WIN_WIDTH = 15
-_WIN_ADDED: tuple[Any, ...] = (None, None, False, 0)  # what those hold in older entries
+WIN_IDENTITY = 15  # what names the record it acted on (Step.identity_fp), or None
+WIN_WIDTH = 16
+_WIN_ADDED: tuple[Any, ...] = (None, None, False, 0, None)  # what those hold in older entries
 
 
 def pad_window_entry(entry: list[Any]) -> list[Any]:
-    """A window entry written before the near-duplicate columns, with them."""
+    """A window entry written before the near-duplicate columns, with them. Sketches of
+    entries written before the identity column are of the earlier estimator (16 one-byte
+    bins), which the current one cannot compare: they are dropped."""
     if len(entry) >= WIN_WIDTH:
         return entry
+    if len(entry) > WIN_RSKETCH:
+        entry = [*entry[:WIN_ASKETCH], None, None, *entry[WIN_RSKETCH + 1 :]]
     return [*entry, *_WIN_ADDED[len(entry) - WIN_ASKETCH :]]
 
 

@@ -102,6 +102,7 @@ class Case:
     name: str
     loop: bool
     spans: list[SpanRecord]
+    agent: Agent
 
 
 class Agent:
@@ -110,6 +111,10 @@ class Agent:
     def __init__(self, trace: int, style: str) -> None:
         self.run = Run(trace=trace)
         self.style = style
+        # what the span path reads of each call (name, arguments, result) and model turn
+        # (output, last input message): the sketches' error is measured on them
+        self.calls: list[tuple[str, dict[str, Any], Any]] = []
+        self.turns: list[tuple[str, str]] = []
 
     def turn(self, calls: list[tuple[str, Any]]) -> None:
         self.run.llm(tool_calls=calls)
@@ -117,6 +122,7 @@ class Agent:
     def tool(self, name: str, args: dict[str, Any], result: Any, **kw: Any) -> None:
         if self.style == "genai":
             self.run.tool(name, args, result, **kw)
+            self.calls.append((name, args, result))
             return
         # OpenInference (smolagents): kwargs envelope, results as text
         if isinstance(result, str):
@@ -125,6 +131,7 @@ class Agent:
             text = _markdown(result)
         else:
             text = json.dumps(result)
+        self.calls.append((name, args, text))
         run = self.run
         run.clock += kw.get("gap_ms", 20) * MS if not kw.get("parallel") else 0
         start = run.clock
@@ -156,6 +163,7 @@ class Agent:
 
     def code_turn(self, observation: str, code: str) -> None:
         """A code agent's model turn: reads the last observation, writes code."""
+        self.turns.append((code, observation))
         history = [
             {"role": "system", "content": "You are an agent that writes python."},
             {"role": "user", "content": observation},
@@ -354,6 +362,78 @@ def unrelated_searches(rng: random.Random, a: Agent) -> None:
         a.tool("web_search", {"query": query}, _results(rng, pool, 8, 0.2))
 
 
+# ------------------------------------------------------------------------------ traps
+# Distinct records that look alike in their words (issue 36): every call a new action (its
+# exact fingerprint differs), every answer news about another record. Silent, each of them.
+
+
+def distinct_documents(rng: random.Random, a: Agent) -> None:
+    """A research agent walks 45 documents whose ids differ in a one-character token
+    (`doc-0` ... `doc-44`); each answers the same words about itself. Its only finding is
+    the step budget (40) at the 41st call."""
+    chars = rng.choice((900, 1200))
+    for k in range(45):
+        a.turn([("kb_fetch", {"doc_id": f"doc-{k}"})])
+        a.tool("kb_fetch", {"doc_id": f"doc-{k}"}, {"doc_id": f"doc-{k}", "chars": chars})
+
+
+def id_sweep(rng: random.Random, a: Agent) -> None:
+    """{"id": 1} ... {"id": 9}, each record described in the same words."""
+    kind = rng.choice(("widget", "invoice", "ticket"))
+    for k in range(1, 10):
+        a.turn([("get_record", {"id": k})])
+        a.tool("get_record", {"id": k}, {"id": k, "type": kind, "status": "active"})
+
+
+def pages_of_one_query(rng: random.Random, a: Agent) -> None:
+    """Pages 1-9 of one query; each page says the same words about other results."""
+    query = " ".join(_word(rng) for _ in range(3))
+    names = [_word(rng) for _ in range(3)]
+    for page in range(1, 10):
+        a.turn([("search_catalog", {"query": query, "page": page})])
+        text = f"Page {page} of 9 for '{query}': " + ", ".join(f"{n} {page}" for n in names)
+        a.tool("search_catalog", {"query": query, "page": page}, text)
+
+
+def orders_same_status(rng: random.Random, a: Agent) -> None:
+    """Three different orders (under an id key, or under a key that names none: then the
+    values tell), all delivered: the same answer about three records."""
+    key = rng.choice(("order_id", "orderId", "order"))
+    ids = rng.choice(
+        (
+            [f"{c}-7" for c in rng.sample("ABCDEFGH", 3)],  # one-character tokens
+            [f"A-{n}" for n in rng.sample(range(10), 3)],
+            [f"A-{n}" for n in rng.sample(range(1000, 9999), 3)],
+        )
+    )
+    for order in ids:
+        args = {key: order, "include_items": False}
+        a.turn([("order_status", args)])
+        a.tool("order_status", args, {"status": "delivered"})
+
+
+def tenants_same_query(rng: random.Random, a: Agent) -> None:
+    """The same question for two tenants, asked once and once rephrased for each; every
+    tenant's policy says the same."""
+    key = rng.choice(("tenant", "tenant_id", "org", "workspace"))
+    base = ["refund", "policy", "damaged", "items"]
+    answer = {"answer": _prose(rng, 40)}
+    for tenant in ("acme", "globex"):
+        for query in (" ".join(base), _rephrase(rng, base)):
+            args = {key: tenant, "question": query}
+            a.turn([("policy_search", args)])
+            a.tool("policy_search", args, answer)
+
+
+def accounts_alike(rng: random.Random, a: Agent) -> None:
+    """Accounts named by e-mail addresses that share all but one token."""
+    domain = f"{_word(rng)}.example"
+    for n in range(1, 5):
+        args = {"email": f"user-{n}@{domain}", "fields": "plan status"}
+        a.turn([("get_account", args)])
+        a.tool("get_account", args, {"plan": "pro", "status": "active"})
+
+
 LOOPS: dict[str, Callable[[random.Random, Agent], None]] = {
     "rephrased_search": rephrased_search,
     "page_walked_again": page_walked_again,
@@ -374,15 +454,38 @@ PROGRESS: dict[str, Callable[[random.Random, Agent], None]] = {
 }
 
 
+TRAPS: dict[str, Callable[[random.Random, Agent], None]] = {
+    "distinct_documents": distinct_documents,
+    "id_sweep": id_sweep,
+    "pages_of_one_query": pages_of_one_query,
+    "orders_same_status": orders_same_status,
+    "tenants_same_query": tenants_same_query,
+    "accounts_alike": accounts_alike,
+}
+
+
 def corpus(variants: int = 12, seed: int = 29) -> list[Case]:
+    """The loops and the progress cases (the traps are `traps()`)."""
+    return _cases(((True, LOOPS), (False, PROGRESS)), variants, seed, 1000)
+
+
+def traps(variants: int = 6, seed: int = 36) -> list[Case]:
+    return _cases(((False, TRAPS),), variants, seed, 5000)
+
+
+def _cases(
+    tables: tuple[tuple[bool, dict[str, Callable[[random.Random, Agent], None]]], ...],
+    variants: int,
+    seed: int,
+    trace: int,
+) -> list[Case]:
     cases = []
-    trace = 1000
-    for loop, table in ((True, LOOPS), (False, PROGRESS)):
+    for loop, table in tables:
         for name, build in table.items():
             for v in range(variants):
                 trace += 1
                 style = "genai" if v % 2 == 0 else "openinference"
                 agent = Agent(trace, style)
                 build(random.Random(seed * 1_000_003 + trace), agent)
-                cases.append(Case(name, loop, agent.done()))
+                cases.append(Case(name, loop, agent.done(), agent))
     return cases

@@ -9,7 +9,7 @@ from typing import Any
 
 from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
-from detectors.policy import Policy, Similarity, ToolContract
+from detectors.policy import Policy, ToolContract
 from streams.spanpath.values import apply_ops
 
 MAX_ITEMS = 64  # new items digested per result
@@ -44,17 +44,6 @@ def without_attempt_args(merged: dict[str, Any], contract: ToolContract) -> dict
     separately)."""
     drop = {a for a in (contract.cursor_arg, contract.idempotency_key_arg) if a is not None}
     return {k: v for k, v in merged.items() if k not in drop} if drop & merged.keys() else merged
-
-
-def similar_args(
-    args: dict[str, Any], contract: ToolContract | None, similarity: Similarity
-) -> dict[str, Any]:
-    """The arguments a near-duplicate comparison reads: the ones the tool's `similarity`
-    names, else all but the cursor and the idempotency key (as the action fingerprint)."""
-    merged = contract_args(args, contract)
-    if similarity.arguments is not None:
-        return {k: merged.get(k) for k in similarity.arguments}
-    return without_attempt_args(merged, contract) if contract is not None else merged
 
 
 def fill_contract(

@@ -116,7 +116,7 @@ def _profile(p: Profile) -> dict[str, Any]:
     }
 
 
-def _contract(c: ToolContract, policy_similarity: Similarity) -> dict[str, Any]:
+def _contract(c: ToolContract, similarity: Similarity) -> dict[str, Any]:
     where = f"tools.{c.name}"
     for arg, ops in c.normalize.items():
         for op in ops:
@@ -136,7 +136,7 @@ def _contract(c: ToolContract, policy_similarity: Similarity) -> dict[str, Any]:
         "business_identity": (
             list(c.business_identity) if c.business_identity is not None else None
         ),
-        "similarity": _similarity(c.similarity or policy_similarity),
+        "similarity": _similarity(similarity),
     }
 
 
@@ -182,7 +182,9 @@ def spec(policy: Policy) -> str:
         "profiles": [_profile(p) for p in policy.profiles],
         "fallback": fallback.spec(),
         "limit_names": dict(LIMIT_NAMES),
-        "tools": {name: _contract(c, policy.similarity) for name, c in policy.tools.items()},
+        "tools": {
+            name: _contract(c, policy.similarity_for(name)) for name, c in policy.tools.items()
+        },
         "similarity": _similarity(policy.similarity),
         "turn_sketches": policy.similarity.enabled and policy.similarity.model_turns,
     }

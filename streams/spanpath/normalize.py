@@ -21,7 +21,7 @@ from detectors.policy import Policy
 from detectors.recognition import Profile, Source, SpanFacts
 from streams.spanpath import fallback
 from streams.spanpath.calls import last_input_message, plan_calls, requested_calls
-from streams.spanpath.contract import action_fp, fill_contract, plan_fp, similar_args
+from streams.spanpath.contract import action_fp, fill_contract, plan_fp
 from streams.spanpath.error_codes import ErrorCodes
 from streams.spanpath.limits import declared_limit
 from streams.spanpath.sketch import Sketcher
@@ -157,7 +157,7 @@ class Normalizer:
             self._run_keys = (run_key,)
         self._profiles = policy.profiles
         self._errors = ErrorCodes(policy)
-        self._sketch = Sketcher(fingerprinter)
+        self._sketch = Sketcher(fingerprinter.key)
         similarity = policy.similarity
         self._turn_sketches = similarity.enabled and similarity.model_turns
         # Fields every profile reads the same way (policy settings, not conventions).
@@ -455,8 +455,9 @@ class Normalizer:
         similarity = self.policy.similarity_for(tool)
         if similarity.enabled:
             sketch = self._sketch
-            step.action_sketch = sketch.of_value(similar_args(args, contract, similarity))
-            if has_result:
+            step.action_sketch, step.identity_fp = sketch.of_call(args, contract, similarity)
+            if has_result and code is None and not step.empty_result:
+                # (a failure or an empty result is never compared: detectors/similarity.py)
                 if similarity.result_items:
                     step.result_sketch, step.result_items = sketch.of_result(result)
                 else:

@@ -898,6 +898,33 @@ def _sketch_request() -> bytes:
     run.tool("search_cases", {"query": "Rück erstattung", "cursor": "c1"}, {"case_ids": ["a"]})
     run.tool("visit_page", {"url": "https://Ünï.example/Päth?q=1"}, "https://x.example/only")
     run.tool("page_down", {}, "Viewport 2 of 9 https://f.example")
+    # what names a record (issue 36): identifier keys at any depth and in any spelling,
+    # identifier values (the 64-byte bound, URLs of any length), one-character words, a
+    # declared business identity, a cursor of a contract without identity
+    long_id = "x-" + "7" * 62
+    run.tool(
+        "get_account",
+        {
+            "email": "u-1@x.io",
+            "fields": "plan status a 1",
+            "customerId": {"n": 9},
+            "größeId": "g",
+            "ÜID": 3,
+            "filters": {"tenant": "acme", "tags": ["a-1", "b c", long_id, long_id + "8"]},
+            "link": "https://g.example/" + "p" * 80,
+            "id2": "plain",
+            "ratio": 0.5,
+        },
+        {"plan": "pro", "ref": "R-1 R-2", "note": long_id + "8"},
+    )
+    run.tool(
+        "issue_refund",
+        {"order_id": "A-7", "amount": 5, "idempotency_key": "k-1", "note": "B-8 again"},
+        {"ok": True},
+    )
+    run.tool("search_cases", {"query": "a b 1", "cursor": None}, {"case_ids": ["b"]})
+    run.tool("kb_fetch", {"doc_id": "doc-1"}, {"doc_id": "doc-1", "chars": 900})
+    run.tool("kb_fetch", {"q": "Hossein "}, {"error": "nope"}, error="timeout")
     messages = [
         {"role": "system", "parts": [{"type": "text", "content": "You are a coder"}]},
         {"role": "user", "parts": [{"type": "text", "content": "Observation: 3 rows, 42"}]},
@@ -938,9 +965,19 @@ def test_sketches_are_identical_on_both_paths() -> None:
     normalizer = Normalizer(POLICIES["custom"], Fingerprinter(b"k"))
     steps = [normalizer.step(s) for s in decode_proto_py(data)]
     tools = [s for s in steps if s.kind == "tool"]
-    assert all(s.action_sketch for s in tools[:-1]) and tools[-1].action_sketch is None
-    assert [len(s.result_items) // 8 for s in tools[:5]] == [3, 3, 4, 2, 2]
-    assert tools[5].result_sketch and not tools[5].result_items  # one URL: not a list
+    # a version field (lookup_order) or `similarity: false` (page_down): never sketched
+    off = [s.name for s in tools if s.action_sketch is None]
+    assert set(off) == {"lookup_order", "page_down"}
+    searches = [s for s in tools if s.name == "web_search"]
+    assert [len(s.result_items) // 8 for s in searches[:2]] == [3, 2]
+    assert all(s.result_sketch is None for s in searches if s.result_items)  # items instead
+    assert searches[2].result_sketch and not searches[2].result_items  # one item: words
+    by_name = {s.name: s for s in tools}
+    assert by_name["visit_page"].action_sketch == "" and by_name["visit_page"].identity_fp
+    assert by_name["get_account"].action_sketch and by_name["get_account"].identity_fp
+    assert by_name["issue_refund"].identity_fp and by_name["issue_refund"].action_sketch
+    failed = [s for s in tools if s.name == "kb_fetch"][-1]
+    assert failed.error_code and failed.result_sketch is None  # a failure: never compared
     turns = [s for s in steps if s.kind == "llm"]
     assert not any(s.action_sketch or s.result_sketch for s in turns)  # model_turns: false
     default = Normalizer(POLICIES["default"], Fingerprinter(b"k"))

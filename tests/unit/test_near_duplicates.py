@@ -13,7 +13,9 @@ import pytest
 
 from detectors.policy import Policy, policy_from_mapping
 from detectors.similarity import similarity
-from tests.near_duplicate_corpus import LOOPS, PROGRESS, corpus
+from streams.spanpath.sketch import call_view, features
+from tests.near_duplicate_corpus import LOOPS, PROGRESS, corpus, traps
+from tests.near_duplicate_corpus import TRAPS as TRAP_BUILDERS
 from tests.spankit import Run, replay
 
 NEAR = ("near_duplicate", "near_duplicate_turns")
@@ -164,19 +166,80 @@ def test_a_page_of_new_items_is_progress_and_old_items_are_not() -> None:
     assert event["evidence"]["nothing_new"] == "items" and event["evidence"]["seen_items"] == 1.0
 
 
-def test_similarity_counts_bins_used_by_either_and_equal_in_both() -> None:
-    """The estimator (bit arithmetic over the 16 bins) against the plain count."""
-    rng = random.Random(29)
+def test_similarity_is_the_share_of_hashes_both_hold_up_to_the_least_full_maximum() -> None:
+    """The estimator (detectors/similarity.py) against a plain count over the hashes of two
+    sketches: exact when neither is full, over the sample up to the least full maximum
+    otherwise."""
+    rng = random.Random(36)
 
-    def plain(a: str, b: str) -> float | None:
-        pairs = [(p, q) for p, q in zip(bytes.fromhex(a), bytes.fromhex(b), strict=True) if p or q]
-        return sum(p == q for p, q in pairs) / len(pairs) if pairs else None
+    def sketch(hashes: set[int]) -> str:
+        return "".join(f"{h:08x}" for h in sorted(hashes)[:32])
 
-    values = (0, 0, 0, 1, 2, 127, 128, 255)
-    for _ in range(5000):
-        a = bytes(rng.choice(values) for _ in range(16))
-        b = bytes(x if rng.random() < 0.5 else rng.choice(values) for x in a)
-        assert similarity(a.hex(), b.hex()) == plain(a.hex(), b.hex())
-    assert similarity("00" * 16, "00" * 16) == 1.0  # no features either side: equal
-    assert similarity("00" * 15 + "01", "00" * 16) == 0.0
-    assert similarity(None, "00" * 16) is None
+    def plain(a: set[int], b: set[int]) -> float:
+        sa, sb = sorted(a)[:32], sorted(b)[:32]
+        bounds = [s[-1] for s in (sa, sb) if len(s) == 32]
+        t = min(bounds) if bounds else 1 << 32
+        union = {h for h in set(sa) | set(sb) if h <= t}
+        return len({h for h in union if h in sa and h in sb}) / len(union)
+
+    for _ in range(3000):
+        pool = [rng.getrandbits(32) for _ in range(rng.randint(1, 120))]
+        a = set(rng.sample(pool, rng.randint(1, len(pool))))
+        b = set(rng.sample(pool, rng.randint(1, len(pool))))
+        assert similarity(sketch(a), sketch(b)) == plain(a, b)
+    assert similarity("", "") == 1.0  # no features either side: equal
+    assert similarity("0000000a", "") == 0.0
+    assert similarity(None, "") is None
+    # 16 hashes shared, 15 more each: neither full, the exact overlap 16 / 46; one more in
+    # one of them (full): the sample up to its largest, 16 / 32
+    shared = [f"{i:08x}" for i in range(16)]
+    a = "".join(shared + [f"{i:08x}" for i in range(100, 115)])
+    b = "".join(shared + [f"{i:08x}" for i in range(200, 215)])
+    assert similarity(a, b) == 16 / 46
+    assert similarity(a + f"{115:08x}", b) == 16 / 32
+
+
+TRAPS = traps()
+
+
+@pytest.mark.parametrize("name", sorted(TRAP_BUILDERS))
+def test_distinct_records_that_look_alike_are_no_loop(name: str) -> None:
+    """Each call a new action on another record whose words look like the others' (ids
+    that differ in one character, numeric id sweeps, pages of one query, orders with the
+    same status, tenants asking the same, e-mail addresses): no near-duplicate, and no
+    other shape either, but for the documents walk's step budget at its 41st call."""
+    cases = [c for c in TRAPS if c.name == name]
+    assert len(cases) == 6
+    for case in cases:
+        events, _ = replay([case.spans], Policy())
+        if name == "distinct_documents":
+            event = only(events, "budget_exhausted")
+            assert event["evidence"]["used"] == event["count"] == 41  # the 41st call
+            assert event["budget"] == "steps"
+        else:
+            assert events == [], events
+
+
+def test_the_traps_fired_before_issue_36() -> None:
+    """What made the traps fire: the old rule (words of one byte dropped, no identity)
+    gives every document id of the walk the one feature `doc`. Now each call has its own
+    identity and the identifiers their own features."""
+    sim = Policy().similarity
+    view = [call_view({"doc_id": f"doc-{k}"}, None, sim) for k in range(3)]
+    assert [found for found, _ in view] == [set(), set(), set()]  # all identity
+    assert [ident for _, ident in view] == [[[["doc_id"], f"doc-{k}"]] for k in range(3)]
+    assert features({"doc_id": "doc-1", "chars": 900}) == {b"doc", b"1", b"\x00doc-1", b"900"}
+
+
+def test_a_declared_identity_tells_records_apart_whatever_their_words() -> None:
+    """A contract's `identity` names the argument that tells two projects apart; their
+    names share most words (and are no identifiers: they have spaces). Without the
+    contract, the words link them; with it, each call is its own record."""
+    run = Run(trace=36)
+    for name in ("alpha launch plan", "beta launch plan", "gamma launch plan", "delta launch plan"):
+        run.tool("get_project", {"project": name, "view": "summary"}, {"state": "on track"})
+    run.root()
+    unnamed = replay([run.spans], Policy())[0]
+    assert only(unnamed, "argument_churn")["detector"] == "near_duplicate"
+    declared = policy_from_mapping({"tools": {"get_project": {"identity": ["project"]}}})
+    assert replay([run.spans], declared)[0] == []

@@ -153,8 +153,8 @@ def _odd_state() -> RunState:
     state.dedup = {"ABCDEF0123456789": "0a0b0c0d", "x": "", "0123456789abcdef": "zz"}
     state.window = [
         ["t", None, "FFFF", None, True, 2**70, -1, "0123456789abcdef", None, 1, 1.5]
-        + ["zz", None, True, 2**70],
-        ["t", "00", None, "404", False, 0, 3, "x", "c", 2, 2] + [None, "ab" * 16, 0, -1],
+        + ["zz", None, True, 2**70, "zz"],
+        ["t", "00", None, "404", False, 0, 3, "x", "c", 2, 2] + [None, "ab" * 16, 0, -1, None],
     ]
     state.seen_items = [2**600, 0, 3]
     state.turns = [["ab" * 16, None, "x", 1, 2, False, 0, 5, None], [None, "zz", "s", 2]]
@@ -198,9 +198,21 @@ def test_a_window_written_before_the_sketches_decodes_with_them() -> None:
     row = ["t", "0123456789abcdef", "fedcba9876543210", None, False, 1, 2]
     state.window = [[*row, "0123456789abcdef", "c1", 1, 10]]
     back = decode_state(encode_state(state))
-    assert back.window == [[*row, "0123456789abcdef", "c1", 1, 10, None, None, False, 0]]
+    assert back.window == [[*row, "0123456789abcdef", "c1", 1, 10, None, None, False, 0, None]]
     state.window = back.window
     assert decode_state(encode_state(state)) == state
+
+
+def test_a_window_written_before_the_identity_column_drops_its_old_sketches() -> None:
+    """States written before issue 36 have 15-column entries whose sketches are 16 one-byte
+    bins, which the bottom-k estimator cannot compare: they decode with the identity
+    column and without those sketches (the rest as written)."""
+    state = RunState(run_id="r")
+    row = ["t", "0123456789abcdef", "fedcba9876543210", None, False, 1, 2]
+    old = [*row, "0123456789abcdef", "c1", 1, 10, "ab" * 16, "cd" * 16, True, 3]
+    state.window = [old]
+    back = decode_state(encode_state(state))
+    assert back.window == [[*old[:11], None, None, True, 3, None]]
 
 
 def test_the_envelope_carries_the_packed_state() -> None:

@@ -140,7 +140,7 @@ const F_TASK_TYPE: usize = 25;
 const F_RUN_KEY: usize = 26;
 
 /// Step fields in the order this module builds them (checked against detectors.model).
-pub const STEP_FIELDS: [&str; 44] = [
+pub const STEP_FIELDS: [&str; 45] = [
     "run_id",
     "trace_id",
     "span_id",
@@ -185,6 +185,7 @@ pub const STEP_FIELDS: [&str; 44] = [
     "action_sketch",
     "result_sketch",
     "result_items",
+    "identity_fp",
 ];
 
 const TOOL: &str = "tool";
@@ -352,6 +353,7 @@ struct Out {
     action_sketch: Option<String>,
     result_sketch: Option<String>,
     result_items: String,
+    identity_fp: Option<String>,
 }
 
 struct Facts<'s, 'a> {

@@ -3,14 +3,44 @@
 use super::contract::{drop_attempt_args, pick};
 use super::*;
 
-const BINS: usize = 16;
+const K: usize = 32; // hashes a sketch keeps (detectors/similarity.py K)
 const MAX_RESULT_ITEMS: usize = 32;
 const MAX_FEATURES: usize = 4096;
 const MAX_DEPTH: usize = 64;
 const MAX_TEXT: usize = 65536;
+const MAX_IDENTIFIER: usize = 64;
 const SEED_TAG: &[u8] = b"loopwatch-sketch\x00";
-const RANK_MASK: u64 = (1u64 << 60) - 1;
+const IDENTITY_TAG: &[u8] = b"\x01identity\x00"; // (no feature starts with 0x01)
 const ITEM_KEYS: [&str; 7] = ["url", "link", "href", "uri", "id", "title", "name"];
+const ID_WORDS: [&str; 24] = [
+    "id",
+    "ids",
+    "uuid",
+    "guid",
+    "key",
+    "keys",
+    "token",
+    "slug",
+    "sku",
+    "ref",
+    "urn",
+    "arn",
+    "number",
+    "cursor",
+    "page",
+    "offset",
+    "tenant",
+    "org",
+    "organization",
+    "account",
+    "workspace",
+    "namespace",
+    "customer",
+    "user",
+];
+
+/// A feature set: borrowed words and strings where they can be.
+type Found<'v> = HashSet<Cow<'v, [u8]>>;
 
 /// Near-duplicate settings the span path needs (the policy's, or a tool's over it).
 #[derive(Clone)]
@@ -70,7 +100,7 @@ fn is_word(b: u8) -> bool {
     b.is_ascii_digit() || b.is_ascii_lowercase() || b.is_ascii_uppercase() || b >= 0x80
 }
 
-fn add_words<'v>(text: &'v [u8], found: &mut HashSet<Cow<'v, [u8]>>) {
+fn add_words<'v>(text: &'v [u8], found: &mut Found<'v>) {
     let text = head(text);
     let mut i = 0;
     while i < text.len() {
@@ -84,32 +114,77 @@ fn add_words<'v>(text: &'v [u8], found: &mut HashSet<Cow<'v, [u8]>>) {
             upper |= text[i].is_ascii_uppercase();
             i += 1;
         }
-        if i - start >= 2 {
-            let word = &text[start..i];
-            found.insert(if upper {
-                Cow::Owned(word.to_ascii_lowercase())
-            } else {
-                Cow::Borrowed(word)
-            });
-        }
+        let word = &text[start..i];
+        found.insert(if upper {
+            Cow::Owned(word.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(word)
+        });
     }
 }
 
-/// Walks a value's strings and scalars (at most MAX_DEPTH deep, in order) into `found`
-/// until it holds MAX_FEATURES; false once it does (stop walking).
-fn walk<'v>(v: &'v V<'_>, depth: usize, found: &mut HashSet<Cow<'v, [u8]>>) -> bool {
+const SPACE: [u8; 6] = [b' ', b'\t', b'\n', b'\r', 0x0b, 0x0c];
+
+fn is_url(b: &[u8]) -> bool {
+    (b.starts_with(b"http://") || b.starts_with(b"https://")) && !b.iter().any(|c| SPACE.contains(c))
+}
+
+/// A short string without whitespace that is not one plain word (sketch.py `_is_identifier`).
+fn is_identifier(b: &[u8]) -> bool {
+    !b.is_empty()
+        && b.len() <= MAX_IDENTIFIER
+        && !b.iter().any(|c| SPACE.contains(c))
+        && b.iter().any(|&c| c < 0x80 && !c.is_ascii_alphabetic())
+}
+
+/// Whether an argument's key names an identifier (sketch.py `names_identifier`).
+pub(super) fn names_identifier(key: &str) -> bool {
+    let k = key.as_bytes();
+    let end = k.len();
+    let mut i = end;
+    while i > 0 && k[i - 1].is_ascii_alphabetic() {
+        i -= 1;
+        if k[i].is_ascii_uppercase() && i > 0 && k[i - 1].is_ascii_lowercase() {
+            break;
+        }
+    }
+    if i == end {
+        return false;
+    }
+    let word = key[i..end].to_ascii_lowercase();
+    ID_WORDS.contains(&word.as_str())
+}
+
+/// Numbers, booleans and null as JSON writes them: their words.
+fn add_scalar(v: &V<'_>, found: &mut Found<'_>) {
+    if matches!(v, V::Bytes(_)) || matches!(v, V::Float(f) if !f.is_finite()) {
+        return;
+    }
+    let mut text = Vec::new();
+    if canonical(v, &mut text, 0).is_ok() {
+        let mut words = HashSet::default();
+        add_words(&text, &mut words);
+        found.extend(words.into_iter().map(|w| Cow::Owned(w.into_owned())));
+    }
+}
+
+/// A value's features into `found`, in order (sketch.py `_walk_value`); false once it holds
+/// MAX_FEATURES (stop walking).
+fn walk<'v>(v: &'v V<'_>, depth: usize, found: &mut Found<'v>) -> bool {
     match v {
         V::Str(s) => {
             let b = s.as_bytes();
-            if (b.starts_with(b"http://") || b.starts_with(b"https://"))
-                && !b
-                    .iter()
-                    .any(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c))
-            {
+            if is_url(b) {
                 // a URL names one resource: one feature, not its words
                 found.insert(Cow::Borrowed(head(b)));
             } else {
                 add_words(b, found);
+                if is_identifier(b) {
+                    let mut whole = Vec::with_capacity(b.len() + 1);
+                    whole.push(0);
+                    whole.extend_from_slice(b);
+                    found.insert(Cow::Owned(whole));
+                }
             }
         }
         V::List(items) => {
@@ -132,25 +207,85 @@ fn walk<'v>(v: &'v V<'_>, depth: usize, found: &mut HashSet<Cow<'v, [u8]>>) -> b
             }
             return true;
         }
-        V::Bytes(_) => return true,
-        V::Float(f) if !f.is_finite() => return true,
-        scalar => {
-            // numbers, booleans and null as JSON writes them
-            let mut text = Vec::new();
-            if canonical(scalar, &mut text, 0).is_ok() {
-                let mut words = HashSet::default();
-                add_words(&text, &mut words);
-                found.extend(words.into_iter().map(|w| Cow::Owned(w.into_owned())));
-            }
-        }
+        scalar => add_scalar(scalar, found),
     }
     found.len() < MAX_FEATURES
 }
 
-pub(super) fn features<'v>(v: &'v V<'_>) -> HashSet<Cow<'v, [u8]>> {
+pub(super) fn features<'v>(v: &'v V<'_>) -> Found<'v> {
     let mut found = HashSet::default();
     walk(v, 0, &mut found);
     found
+}
+
+/// A call's arguments, object keys sorted (sketch.py `_walk_args`): what names a record into
+/// `identity` as [path, value] (when given), the features of the rest into `found` (when
+/// given); false once `found` holds MAX_FEATURES.
+fn walk_args<'v, 'a>(
+    v: &'v V<'a>,
+    depth: usize,
+    path: &mut Vec<V<'a>>,
+    cursor: Option<&str>,
+    found: &mut Option<&mut Found<'v>>,
+    identity: &mut Option<&mut Vec<V<'a>>>,
+) -> bool {
+    match v {
+        V::Str(s) => {
+            let b = s.as_bytes();
+            if is_url(b) || is_identifier(b) {
+                if let Some(out) = identity {
+                    out.push(V::List(vec![V::List(path.clone()), v.clone()]));
+                }
+            } else if let Some(f) = found {
+                add_words(b, f);
+            }
+        }
+        V::Dict(d) => {
+            if depth < MAX_DEPTH {
+                let mut keys: Vec<&(Cow<'a, str>, V<'a>)> = d.iter().collect();
+                keys.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
+                for (key, item) in keys {
+                    path.push(V::Str(key.clone()));
+                    let go_on = if names_identifier(key) || (depth == 0 && Some(key.as_ref()) == cursor)
+                    {
+                        if let Some(out) = identity {
+                            out.push(V::List(vec![V::List(path.clone()), item.clone()]));
+                        }
+                        true
+                    } else {
+                        walk_args(item, depth + 1, path, cursor, found, identity)
+                    };
+                    path.pop();
+                    if !go_on {
+                        return false;
+                    }
+                }
+            }
+            return true;
+        }
+        V::List(items) => {
+            if depth < MAX_DEPTH {
+                for (i, item) in items.iter().enumerate() {
+                    path.push(V::Int(i as i64));
+                    let go_on = walk_args(item, depth + 1, path, cursor, found, identity);
+                    path.pop();
+                    if !go_on {
+                        return false;
+                    }
+                }
+            }
+            return true;
+        }
+        scalar => {
+            if let Some(f) = found {
+                add_scalar(scalar, f);
+            }
+        }
+    }
+    match found {
+        Some(f) => f.len() < MAX_FEATURES,
+        None => true,
+    }
 }
 
 /// The first `limit` distinct URLs in a text, in order.
@@ -222,73 +357,84 @@ pub(super) fn urls(text: &str, limit: usize) -> Vec<String> {
     out
 }
 
-/// The sketch of 64-bit feature hashes: per bin (top 4 bits) the least rank (the rest).
-fn bins(hashes: &[u64]) -> String {
-    let mut mins = [u64::MAX; BINS];
-    for value in hashes {
-        let bin = (value >> 60) as usize;
-        let rank = value & RANK_MASK;
-        if rank < mins[bin] {
-            mins[bin] = rank;
-        }
-    }
+fn hex8(out: &mut String, h: u32) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(2 * BINS);
-    for m in mins {
-        let byte = if m == u64::MAX {
-            0
-        } else {
-            (m % 255 + 1) as usize
-        };
-        out.push(HEX[byte >> 4] as char);
-        out.push(HEX[byte & 15] as char);
+    for shift in (0..8).rev() {
+        out.push(HEX[((h >> (4 * shift)) & 15) as usize] as char);
     }
-    out
+}
+
+/// The arguments the contract names as the call's identity, sorted (sketch.py
+/// `_declared_identity`); None when it names none.
+fn declared_identity(c: Option<&Contract>) -> Option<Vec<String>> {
+    let c = c?;
+    if c.identity.is_none() && c.business_identity.is_none() {
+        return None;
+    }
+    let mut names: Vec<String> = c
+        .identity
+        .iter()
+        .chain(c.business_identity.iter())
+        .flatten()
+        .cloned()
+        .collect();
+    if let Some(cursor) = &c.cursor_arg {
+        names.push(cursor.clone());
+    }
+    names.sort();
+    names.dedup();
+    Some(names)
 }
 
 impl SpanPath {
-    pub(super) fn sketch_of(&self, features: &HashSet<Cow<'_, [u8]>>) -> Option<String> {
-        let hashes = features
+    /// A feature set's sketch: its K least hashes, distinct, ascending ("" for none).
+    pub(super) fn sketch_of(&self, features: &Found<'_>) -> Option<String> {
+        let mut hashes = features
             .iter()
             .map(|f| self.feature_hash(f))
             .collect::<Vec<_>>();
-        Some(bins(&hashes)) // no features: all zeros, equal to any other without
+        hashes.sort_unstable();
+        hashes.dedup();
+        let mut out = String::with_capacity(8 * hashes.len().min(K));
+        for h in hashes.into_iter().take(K) {
+            hex8(&mut out, h);
+        }
+        Some(out)
     }
 
     pub(super) fn sketch_value(&self, v: &V<'_>) -> Option<String> {
         self.sketch_of(&features(v))
     }
 
-    /// (sketch, item hashes) of a tool result: over its items when it lists 2 or more.
+    /// (sketch, item hashes) of a tool result: items when it lists 2 or more, and then no
+    /// sketch (it is compared by its items).
     pub(super) fn sketch_result(&self, result: &V<'_>) -> R<(Option<String>, String)> {
         let hashes = self.result_items(result)?;
         if hashes.len() >= 2 {
             let mut short = String::with_capacity(8 * MAX_RESULT_ITEMS);
-            for h in hashes.iter().take(MAX_RESULT_ITEMS) {
-                short.push_str(&format!("{:08x}", h >> 32));
+            for &h in hashes.iter().take(MAX_RESULT_ITEMS) {
+                hex8(&mut short, h);
             }
-            return Ok((Some(bins(&hashes)), short));
+            return Ok((None, short));
         }
         Ok((self.sketch_value(result), String::new()))
     }
 
-    fn feature_hash(&self, feature: &[u8]) -> u64 {
+    fn feature_hash(&self, feature: &[u8]) -> u32 {
         let mut h = self.sketch_base.clone();
         h.update(feature);
         let d = h.finish();
-        let mut b8 = [0u8; 8];
-        b8.copy_from_slice(&d[..8]);
-        u64::from_be_bytes(b8)
+        u32::from_be_bytes([d[0], d[1], d[2], d[3]])
     }
 
     /// An item's name as canonical JSON, hashed (Hard where Python uses repr).
-    fn item_hash(&self, name: &V<'_>) -> R<u64> {
+    fn item_hash(&self, name: &V<'_>) -> R<u32> {
         let mut text = Vec::new();
         canonical(name, &mut text, 0)?;
         Ok(self.feature_hash(&text))
     }
 
-    fn result_items(&self, result: &V<'_>) -> R<Vec<u64>> {
+    fn result_items(&self, result: &V<'_>) -> R<Vec<u32>> {
         let listed: Option<&Vec<V<'_>>> = match result {
             V::List(items) => Some(items),
             V::Dict(d) => d.iter().find_map(|(_, x)| match x {
@@ -314,23 +460,80 @@ impl SpanPath {
         Ok(Vec::new())
     }
 
-    /// The arguments a near-duplicate comparison reads (contract.py `similar_args`).
-    pub(super) fn similar_args<'a>(
+    /// (sketch of the argument features, identity digest) of a tool call (sketch.py
+    /// `call_view`, then the digest of its identity pairs).
+    pub(super) fn sketch_call<'a>(
         &self,
         py: Python<'_>,
         args: &[(Cow<'a, str>, V<'a>)],
         contract: Option<&Contract>,
         sim: &Sim,
-    ) -> R<V<'a>> {
+    ) -> R<(Option<String>, Option<String>)> {
         let merged = self.contract_args(py, args, contract)?;
-        if let Some(names) = &sim.arguments {
-            return Ok(V::Dict(pick(&merged, names)));
+        let mut identity: Vec<V<'a>> = Vec::new();
+        let sketch;
+        if let Some(declared) = declared_identity(contract) {
+            let mut compared = match &sim.arguments {
+                Some(names) => pick(&merged, names),
+                None => {
+                    let mut m = merged.clone();
+                    if let Some(c) = contract {
+                        drop_attempt_args(&mut m, c);
+                    }
+                    m
+                }
+            };
+            compared.retain(|(k, _)| !declared.iter().any(|d| d == k));
+            let compared = V::Dict(compared);
+            sketch = self.sketch_of(&features(&compared));
+            for name in &declared {
+                let value = merged
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or(V::None);
+                identity.push(V::List(vec![
+                    V::List(vec![V::Str(Cow::Owned(name.clone()))]),
+                    value,
+                ]));
+            }
+        } else {
+            let key = contract.and_then(|c| c.idempotency_key_arg.as_deref());
+            let cursor = contract.and_then(|c| c.cursor_arg.as_deref());
+            let mut domain = merged.clone();
+            if let Some(k) = key {
+                domain.retain(|(x, _)| x != k);
+            }
+            let domain = V::Dict(domain);
+            let mut found: Found<'_> = HashSet::default();
+            let mut path = Vec::new();
+            match &sim.arguments {
+                None => {
+                    walk_args(&domain, 0, &mut path, cursor, &mut Some(&mut found), &mut Some(&mut identity));
+                    sketch = self.sketch_of(&found);
+                }
+                Some(names) => {
+                    walk_args(&domain, 0, &mut path, cursor, &mut None, &mut Some(&mut identity));
+                    let picked = V::Dict(pick(&merged, names));
+                    walk_args(&picked, 0, &mut path, cursor, &mut Some(&mut found), &mut None);
+                    sketch = self.sketch_of(&found);
+                }
+            }
         }
-        let mut merged = merged;
-        if let Some(c) = contract {
-            drop_attempt_args(&mut merged, c);
-        }
-        Ok(V::Dict(merged))
+        let digest = if identity.is_empty() {
+            None
+        } else {
+            let mut text = IDENTITY_TAG.to_vec();
+            canonical(&V::List(identity), &mut text, 0)?;
+            let mut h = self.sketch_base.clone();
+            h.update(&text);
+            let d = h.finish();
+            let mut out = String::with_capacity(16);
+            hex8(&mut out, u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+            hex8(&mut out, u32::from_be_bytes([d[4], d[5], d[6], d[7]]));
+            Some(out)
+        };
+        Ok((sketch, digest))
     }
 
     /// The last message a model turn read (calls.py `last_input_message`).

@@ -290,6 +290,7 @@ impl SpanPath {
             opt(py, o.action_sketch),
             opt(py, o.result_sketch),
             s(&o.result_items),
+            opt(py, o.identity_fp),
         ];
         let mut items = items;
         items[4] = match o.kind {

@@ -96,8 +96,11 @@ impl SpanPath {
             None => &self.similarity,
         };
         if sim.enabled {
-            o.action_sketch = self.sketch_value(&self.similar_args(py, &args, contract, sim)?);
-            if has_result {
+            let (sketch, identity) = self.sketch_call(py, &args, contract, sim)?;
+            o.action_sketch = sketch;
+            o.identity_fp = identity;
+            if has_result && code.is_none() && !o.empty_result {
+                // (a failure or an empty result is never compared: detectors/similarity.py)
                 if sim.result_items {
                     let (sketch, items) = self.sketch_result(&result)?;
                     o.result_sketch = sketch;

@@ -30,6 +30,7 @@ from detectors.state import (
     WIN_CODE,
     WIN_EMPTY,
     WIN_END,
+    WIN_IDENTITY,
     WIN_OUTCOME,
     WIN_POS,
     WIN_RSKETCH,
@@ -111,10 +112,25 @@ _WINDOW = Layout(
         (WIN_START, WIN_END),  # int64
         (WIN_POS, WIN_TOKENS, WIN_TURN),  # small ints
         (WIN_ACTION, WIN_OUTCOME),  # hex digests: raw bytes
-        (WIN_ASKETCH, WIN_RSKETCH),  # hex sketches (or None): raw bytes
+        (WIN_ASKETCH, WIN_RSKETCH),  # hex sketches (or None): raw bytes when equally long
         (WIN_SPAN,),  # in the dedup map
         (WIN_TOOL, WIN_CALL),  # names and call ids: pooled strings
         (WIN_CODE,),  # mostly None
+        (WIN_EMPTY, WIN_STALE),
+        (WIN_IDENTITY,),  # mostly None, else a hex digest
+    ),
+)
+# The window as states written before the identity column have it (15 columns).
+_WINDOW_15 = Layout(
+    WIN_IDENTITY,
+    (
+        (WIN_START, WIN_END),
+        (WIN_POS, WIN_TOKENS, WIN_TURN),
+        (WIN_ACTION, WIN_OUTCOME),
+        (WIN_ASKETCH, WIN_RSKETCH),
+        (WIN_SPAN,),
+        (WIN_TOOL, WIN_CALL),
+        (WIN_CODE,),
         (WIN_EMPTY, WIN_STALE),
     ),
 )
@@ -131,6 +147,8 @@ _WINDOW_11 = Layout(
         (WIN_EMPTY,),
     ),
 )
+
+_WINDOW_BY_WIDTH = {layout.width: layout for layout in (_WINDOW, _WINDOW_15, _WINDOW_11)}
 
 _DOCS = Layout(6, ((0, 1, 3, 4), (2,), (5,)))  # context_collapse: counts; span ids; call ids
 _LAYOUTS = {"docs": _DOCS}
@@ -160,7 +178,7 @@ def encode_state(state: RunState, make_writer: Callable[[], ColumnWriter] = new_
     w.column(keys)
     w.set_ids(keys)  # later span ids refer to these
     window = state.window
-    w.rows(window, _WINDOW_11 if window and len(window[0]) == _WINDOW_11.width else _WINDOW)
+    w.rows(window, _WINDOW_BY_WIDTH.get(len(window[0]), _WINDOW) if window else _WINDOW)
     w.record(state.last_key)
     w.record(state.streak)
     for name in _MAPS:
@@ -227,7 +245,7 @@ def _decode_packed(data: bytes) -> RunState:
     digests = r.column(n)
     r.ids = r.column(n)
     fields["dedup"] = dict(zip(r.ids, digests, strict=True))
-    window = r.rows((_WINDOW, _WINDOW_11))
+    window = r.rows(tuple(_WINDOW_BY_WIDTH.values()))
     fields["window"] = [pad_window_entry(row) for row in window]
     fields["last_key"] = r.record()
     fields["streak"] = r.record()
