@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     results["replay"] = replay
     sketches = replay_bench.sketches_on_off(args.spans, args.policy)
     results["replay_sketches"] = sketches
+    text_sketches = replay_bench.sketches_on_off_text(args.policy)
+    results["replay_sketches_text"] = text_sketches
     checkpoints = (100_000, args.memory_spans)
     memory = replay_bench.memory_profile(args.memory_spans, args.policy, checkpoints)
     memory["rss_mib_after_each_of_10_replays"] = leak = replay_bench.leak_check(50_000, args.policy)
@@ -145,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
             f"on/off x{sketches['on_spans_per_s'] / sketches['off_spans_per_s']:.2f}; best of "
             f"{sketches['rounds']} alternating rounds, {sketches['spans']:,} spans, "
             f"{sketches['events_on']:,} / {sketches['events_off']:,} events",
+        ),
+        (
+            "... on the near-duplicate corpus (every call words to sketch)",
+            f"{text_sketches['on_spans_per_s']:,.0f} / {text_sketches['off_spans_per_s']:,.0f} spans/s",
+            f"on/off x{text_sketches['on_spans_per_s'] / text_sketches['off_spans_per_s']:.2f}; "
+            f"best of {text_sketches['rounds']}, {text_sketches['spans']:,} spans, "
+            f"{text_sketches['events_on']:,} / {text_sketches['events_off']:,} events",
         ),
         (
             "loopwatch replay of the same corpus as OTLP JSON lines",

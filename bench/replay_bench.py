@@ -99,6 +99,41 @@ def sketches_on_off(spans: int, policy_path: str, rounds: int = 3) -> dict[str, 
     }
 
 
+def text_corpus_messages(variants: int = 60) -> list[bytes]:
+    """Exports of the near-duplicate corpus (tests/near_duplicate_corpus.py: rephrased
+    searches, pages, knowledge-base answers and code agents, with their progress cases and
+    traps): tool calls whose arguments and results are words, where every call is
+    sketched, unlike the bench corpus's id-keyed calls and item lists."""
+    from tests.near_duplicate_corpus import corpus, traps
+    from tests.otlp_build import encode_request
+
+    cases = corpus(variants=variants) + traps(variants=variants // 2)
+    return [encode_request(case.spans) for case in cases]
+
+
+def sketches_on_off_text(policy_path: str, rounds: int = 3) -> dict[str, Any]:
+    """`sketches_on_off` on the near-duplicate corpus: what the sketches cost where every
+    call has words to sketch."""
+    messages = text_corpus_messages()
+    with tempfile.TemporaryDirectory() as tmp:
+        off_path = str(policy_without_sketches(Path(policy_path), Path(tmp) / "off.yaml"))
+        best = {"on": float("inf"), "off": float("inf")}
+        counted = {}
+        for _ in range(rounds):
+            for name, path in (("on", policy_path), ("off", off_path)):
+                n, seconds, replay = replay_engine(messages, path)
+                best[name] = min(best[name], seconds)
+                counted[name] = (n, replay.stats.events)
+    return {
+        "spans": counted["on"][0],
+        "rounds": rounds,
+        "on_spans_per_s": counted["on"][0] / best["on"],
+        "off_spans_per_s": counted["off"][0] / best["off"],
+        "events_on": counted["on"][1],
+        "events_off": counted["off"][1],
+    }
+
+
 def leak_check(spans: int, policy_path: str, replays: int = 10) -> list[float]:
     """RSS (MiB) after each of `replays` replays of one corpus in this process: flat when
     neither the engine nor the native span path keeps anything of a finished replay."""
