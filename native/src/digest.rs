@@ -121,12 +121,15 @@ impl Sha256 {
     }
 
     pub fn finish(mut self) -> [u8; 32] {
+        // 0x80, zeros to 56 bytes mod 64, the bit length: one update (the sketches hash
+        // thousands of short features a request, each ending here)
         let bits = self.total.wrapping_mul(8);
-        self.update(&[0x80]);
-        while self.len != 56 {
-            self.update(&[0]);
-        }
-        self.update(&bits.to_be_bytes());
+        let zeros = (119 - self.len) % 64;
+        let mut pad = [0u8; 72];
+        pad[0] = 0x80;
+        pad[1 + zeros..9 + zeros].copy_from_slice(&bits.to_be_bytes());
+        self.update(&pad[..9 + zeros]);
+        debug_assert_eq!(self.len, 0);
         let mut out = [0u8; 32];
         for (i, x) in self.h.iter().enumerate() {
             out[4 * i..4 * i + 4].copy_from_slice(&x.to_be_bytes());
