@@ -216,7 +216,7 @@ def _stale(
     step: Step,
     entry: list[Any],
     earlier: list[list[Any]],
-    items: list[int],
+    items: tuple[str, ...] | list[str],
     seen: float | None,
     declared: bool,
 ) -> tuple[bool, str, float]:
