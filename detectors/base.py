@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from detectors.model import Finding, Step
-from detectors.policy import Limits, Policy, ToolContract
-from detectors.state import FIRED_CAP, RunState
+from .model import Finding, Step
+from .policy import Limits, Policy, ToolContract
+from .state import FIRED_CAP, RunState
 
 Detector = Callable[["Context", Step], None]
 

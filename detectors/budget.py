@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from detectors.base import Context
-from detectors.model import Step
+from .base import Context
+from .model import Step
 
 
 def budget_exhausted(ctx: Context, step: Step) -> None:

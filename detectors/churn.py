@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from detectors.base import Context
-from detectors.model import TOOL, Step
-from detectors.state import (
+from .base import Context
+from .model import TOOL, Step
+from .state import (
     WIN_ACTION,
     WIN_CALL,
     WIN_CODE,

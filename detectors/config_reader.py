@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from detectors.errors import ConfigError
+from .errors import ConfigError
 
 MAX_SECONDS = 1e9  # ~31 years: keeps int(seconds * 1e9) a finite int
 

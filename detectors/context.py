@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from detectors.base import Context
-from detectors.model import LLM, SUMMARY, TOOL, Step
-from detectors.state import bounded_put
+from .base import Context
+from .model import LLM, SUMMARY, TOOL, Step
+from .state import bounded_put
 
 
 def note_context(ctx: Context, step: Step) -> None:

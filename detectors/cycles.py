@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from detectors.base import Context
-from detectors.fingerprint import stable_id
-from detectors.model import HANDOFF, TOOL, Step
-from detectors.state import (
+from .base import Context
+from .fingerprint import stable_id
+from .model import HANDOFF, TOOL, Step
+from .state import (
     MAP_CAP,
     WIN_ACTION,
     WIN_CALL,

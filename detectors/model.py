@@ -86,14 +86,14 @@ class Step:
     # below): streams/spanpath/limits.py.
     step_limit: int | None = None
     limit_counts: str | None = None
-    # Similarity sketches (streams/spanpath/sketch.py: up to 16 keyed 8-hex-digit hashes,
+    # Similarity sketches (detectors/sketch.py: up to 16 keyed 8-hex-digit hashes,
     # no content): a tool call's arguments and result; a model turn's output (its action)
     # and the last message of its input (the observation of the previous turn's action).
     action_sketch: str | None = None
     result_sketch: str | None = None
     result_items: str = ""  # the result's item hashes, 8 hex digits each, at most 32
     # What names the record a tool call acts on (its contract's identity, else identifier
-    # keys and values: streams/spanpath/sketch.py), digested: compared exactly.
+    # keys and values: detectors/sketch.py), digested: compared exactly.
     identity_fp: str | None = None
 
     def to_list(self) -> list[Any]:

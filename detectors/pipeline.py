@@ -19,12 +19,12 @@ from __future__ import annotations
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from detectors.base import Context, Detector
-from detectors.budget import budget_exhausted
-from detectors.churn import argument_churn, retry_storm
-from detectors.context import context_collapse, note_context
-from detectors.cycles import delegation_ping_pong, oscillation, replanning
-from detectors.model import (
+from .base import Context, Detector
+from .budget import budget_exhausted
+from .churn import argument_churn, retry_storm
+from .context import context_collapse, note_context
+from .cycles import delegation_ping_pong, oscillation, replanning
+from .model import (
     AGENT,
     HANDOFF,
     LIMIT_ALL_STEPS,
@@ -37,12 +37,12 @@ from detectors.model import (
     Finding,
     Step,
 )
-from detectors.policy import Policy
-from detectors.prices import price_of, wasted_cost
-from detectors.repetition import goal_already_satisfied, identical_repetition
-from detectors.side_effects import side_effects
-from detectors.similarity import near_duplicate, near_duplicate_turns
-from detectors.state import (
+from .policy import Policy
+from .prices import price_of, wasted_cost
+from .repetition import goal_already_satisfied, identical_repetition
+from .side_effects import side_effects
+from .similarity import near_duplicate, near_duplicate_turns
+from .state import (
     BLOOM_BITS,
     DEDUP_CAP,
     MAP_CAP,

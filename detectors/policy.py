@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from detectors.config_reader import ConfigReader, join
-from detectors.errors import ConfigError
-from detectors.policy_defaults import (
+from .config_reader import ConfigReader, join
+from .errors import ConfigError
+from .policy_defaults import (
     BUILTIN_PROFILES,
     BUILTIN_PROFILES_FILE,
     DEFAULT_AMBIGUOUS_CODES,
@@ -32,10 +32,10 @@ from detectors.policy_defaults import (
     SUMMARY_RULE_IDS,
     TERMINATION_REASONS,
 )
-from detectors.prices import Price, read_prices
-from detectors.profile_compiler import compile_profiles
-from detectors.recognition import FIELDS as RECOGNITION_FIELDS
-from detectors.recognition import Profile, Termination
+from .prices import Price, read_prices
+from .profile_compiler import compile_profiles
+from .recognition import FIELDS as RECOGNITION_FIELDS
+from .recognition import Profile, Termination
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.config_reader import ConfigReader, join
+from .config_reader import ConfigReader, join
 
 PER = 1_000_000  # prices are per million tokens
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.config_reader import ConfigReader
-from detectors.errors import ConfigError
-from detectors.recognition import (
+from .config_reader import ConfigReader
+from .errors import ConfigError
+from .recognition import (
     FIELDS,
     KINDS,
     KindRule,

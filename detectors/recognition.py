@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL
+from .model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL
 
 # `other` in a kind rule: the span is deliberately no step (and the generic fallback,
 # streams/spanpath/fallback.py, leaves it alone), e.g. a wrapper around a model turn
@@ -59,7 +59,7 @@ FIELDS = (
     "metadata",
     "model",  # the model a model turn ran on: prices (policy `prices:`)
     # a model turn's output (its action) and input (the last message: the observation of the
-    # previous action), read only for similarity sketches (streams/spanpath/sketch.py)
+    # previous action), read only for similarity sketches (detectors/sketch.py)
     "model_output",
     "model_input",
 )

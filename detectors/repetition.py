@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.base import Context
-from detectors.model import TOOL, Step
-from detectors.policy import ToolContract
-from detectors.state import ITEM_BLOOM_BITS, MAP_CAP, bloom_mask, bounded_put
+from .base import Context
+from .model import TOOL, Step
+from .policy import ToolContract
+from .state import ITEM_BLOOM_BITS, MAP_CAP, bloom_mask, bounded_put
 
 # Streak layout.
 S_ACTION, S_COUNT, S_FIRST_POS, S_SPANS, S_CALLS = 0, 1, 2, 3, 4

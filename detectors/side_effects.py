@@ -6,9 +6,9 @@ failed) and idempotency key digest. Reusing the same key is a safe retry, never 
 
 from __future__ import annotations
 
-from detectors.base import Context
-from detectors.model import TOOL, Step
-from detectors.state import MAP_CAP, bounded_put
+from .base import Context
+from .model import TOOL, Step
+from .state import MAP_CAP, bounded_put
 
 # Ledger entry layout.
 L_OUTCOME, L_KEY, L_SPAN, L_POS, L_CALL, L_RECONCILED = 0, 1, 2, 3, 4, 5

@@ -5,7 +5,7 @@ The seeds' argument churn is "same tool, slightly different arguments, same fail
 runbook names the general case: "different arguments still produce the same observation and
 no progress". These detectors fire that shape (detector `near_duplicate`, or
 `near_duplicate_turns` for model turns), from the keyed sketches the span path computed
-(streams/spanpath/sketch.py): no argument or result is ever seen here.
+(detectors/sketch.py): no argument or result is ever seen here.
 
 A call that repeats the run's previous call with nothing new is identical_repetition's
 episode, as is any call of a tool whose contract declares a version or state field. Any
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.base import Context
-from detectors.model import LLM, TOOL, Step
-from detectors.policy import Similarity
-from detectors.repetition import S_ACTION, S_COUNT
-from detectors.state import (
+from .base import Context
+from .model import LLM, TOOL, Step
+from .policy import Similarity
+from .repetition import S_ACTION, S_COUNT
+from .state import (
     SEEN_ITEMS_BITS,
     SEEN_ITEMS_GENERATION,
     WIN_ACTION,
@@ -57,14 +57,14 @@ from detectors.state import (
 SHAPE = "argument_churn"
 DETECTOR = "near_duplicate"
 TURNS_DETECTOR = "near_duplicate_turns"
-K = 32  # hashes a sketch keeps (streams/spanpath/sketch.py computes them)
+K = 32  # hashes a sketch keeps (detectors/sketch.py computes them)
 HASH_HEX = 8  # hex digits of one feature's hash
 # Layout of one RunState.turns record (a model turn).
 T_ACTION, T_OBSERVATION, T_SPAN, T_POS, T_TOKENS, T_STALE, T_ACTIONS, T_END, T_AGENT = range(9)
 
 
 def similarity(a: str | None, b: str | None) -> float | None:
-    """Estimated Jaccard overlap of two sketches' feature sets (streams/spanpath/sketch.py
+    """Estimated Jaccard overlap of two sketches' feature sets (detectors/sketch.py
     states the estimate and its error): among the hashes up to the least of the full
     sketches' largest ones, the share both hold. None without both."""
     if a is None or b is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from detectors.model import Step
+from .model import Step
 
 STATE_VERSION = 1
 DEDUP_CAP = 128  # recent span ids remembered for duplicate/conflict checks
@@ -145,7 +145,7 @@ WIN_CALL = 8
 WIN_POS = 9
 WIN_TOKENS = 10  # run's cumulative tokens when this step was released
 # added for near-duplicate loops (windows written before have 11 columns; codec.py pads them)
-WIN_ASKETCH = 11  # similarity sketch of the arguments (streams/spanpath/sketch.py)
+WIN_ASKETCH = 11  # similarity sketch of the arguments (detectors/sketch.py)
 WIN_RSKETCH = 12  # ... of the result
 WIN_STALE = 13  # its result brought nothing new (detectors/similarity.py)
 WIN_TURN = 14  # the run's model turns when it was released: calls of one turn share it

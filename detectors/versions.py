@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.compare import Side
+from .compare import Side
 
 PROMPT, TOOL = "prompt", "tool"
 KINDS = (PROMPT, TOOL)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from detectors.policy import Policy
+from detectors.toolcall import result_code, short_code
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
-from streams.spanpath.values import short_code
 
 
 class ErrorCodes:
@@ -41,11 +41,9 @@ class ErrorCodes:
         code = short_code(error_type)
         if code is not None:
             return code
-        if isinstance(result, dict) and result.get("ok") is False:
-            inner = result.get("code") or result.get("error_code")
-            if inner is None and isinstance(result.get("error"), dict):
-                inner = result["error"].get("code")
-            return short_code(inner) or "error"
+        code = result_code(result)
+        if code is not None:
+            return code
         if span.status_code == STATUS_ERROR:
             for event in span.events:
                 if event.name == "exception":

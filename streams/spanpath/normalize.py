@@ -15,16 +15,16 @@ import time
 import zlib
 from typing import Any
 
+from detectors.contract import plan_fp
 from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, TOOL, Step
 from detectors.policy import Policy
 from detectors.recognition import Profile, Source, SpanFacts
+from detectors.toolcall import CallReducer
 from streams.spanpath import fallback
 from streams.spanpath.calls import last_input_message, plan_calls, requested_calls
-from streams.spanpath.contract import action_fp, fill_contract, plan_fp
 from streams.spanpath.error_codes import ErrorCodes
 from streams.spanpath.limits import declared_limit
-from streams.spanpath.sketch import Sketcher
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 from streams.spanpath.termination import termination_reason
 from streams.spanpath.values import (
@@ -33,7 +33,6 @@ from streams.spanpath.values import (
     as_json,
     first,
     ident,
-    is_empty,
     str_or_none,
     unwrap_arguments,
     unwrap_result,
@@ -157,7 +156,8 @@ class Normalizer:
             self._run_keys = (run_key,)
         self._profiles = policy.profiles
         self._errors = ErrorCodes(policy)
-        self._sketch = Sketcher(fingerprinter.key)
+        self._calls = CallReducer(policy, fingerprinter)
+        self._sketch = self._calls.sketch
         similarity = policy.similarity
         self._turn_sketches = similarity.enabled and similarity.model_turns
         # Fields every profile reads the same way (policy settings, not conventions).
@@ -432,36 +432,15 @@ class Normalizer:
                 raw_result = sent  # digest the tool's own result, not the framework envelope
             if step.call_id is None:
                 step.call_id = envelope_call_id
-
-        step.action_fp = action_fp(self.fp, tool, args, contract)
         code = self._errors.code(
             span,
             self._field(profile, "error_type", facts),
             result,
             lambda: self._field(profile, "error_message", facts),
         )
-        step.error_code = code
-        if has_result:
-            # Results come from tool code (stable serialization): digest the text as sent.
-            if isinstance(raw_result, str):
-                step.result_fp = self.fp.of_text("result", raw_result)
-            else:
-                step.result_fp = self.fp.of_value("result", result)
-            step.empty_result = is_empty(result)
-        elif code is not None:
-            step.result_fp = self.fp.of_text("code", code)
-        if contract is not None:
-            fill_contract(self.fp, step, contract, args, result)
-        similarity = self.policy.similarity_for(tool)
-        if similarity.enabled:
-            sketch = self._sketch
-            step.action_sketch, step.identity_fp = sketch.of_call(args, contract, similarity)
-            if has_result and code is None and not step.empty_result:
-                # (a failure or an empty result is never compared: detectors/similarity.py)
-                if similarity.result_items:
-                    step.result_sketch, step.result_items = sketch.of_result(result)
-                else:
-                    step.result_sketch = sketch.of_value(result)
+        self._calls.reduce(
+            step, tool, args, has_result=has_result, result=result, raw_result=raw_result, code=code
+        )
 
     # ------------------------------------------------------------------ handoffs, plans
 

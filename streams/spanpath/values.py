@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import json.scanner
-import re
 import zlib
 from typing import Any
 
-MAX_CODE_LEN = 64
 _MISSING = object()
 
 
@@ -72,7 +70,6 @@ def as_int(value: Any) -> int | None:
 
 MAX_COUNT = (1 << 63) - 1
 MAX_IDENT = 256
-_CODE_LIKE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_CODE_LEN}}}").fullmatch
 
 
 def as_count(value: Any) -> int:
@@ -88,20 +85,6 @@ def ident(value: Any) -> str:
         return text
     crc = zlib.crc32(text.encode("utf-8", "replace"))
     return f"{text[: MAX_IDENT - 9]}~{crc:08x}"
-
-
-def short_code(value: Any) -> str | None:
-    if value is None or isinstance(value, bool):
-        return None
-    code = str(value).strip()
-    if not code:
-        return None
-    # Exception types arrive fully qualified: keep the class name only.
-    if "." in code and " " not in code:
-        code = code.rsplit(".", 1)[-1]
-    if not _CODE_LIKE(code):
-        return "error"  # a sentence is customer text, not a code: never copy it
-    return code.lower()
 
 
 _OLL_ENVELOPE_KEYS = frozenset({"inputs", "input_str", "tags", "metadata", "kwargs"})
@@ -158,40 +141,6 @@ def unwrap_result(result: Any) -> tuple[Any, Any, str | None]:
     call_id = inner.get("tool_call_id")
     content = inner["content"]
     return as_json(content), content, (str(call_id) if call_id else None)
-
-
-def apply_ops(value: Any, ops: tuple[str, ...]) -> Any:
-    for op in ops:
-        if isinstance(value, str):
-            if op == "trim":
-                value = value.strip()
-            elif op == "lowercase":
-                value = value.lower()
-            elif op == "collapse_whitespace":
-                value = " ".join(value.split())
-        elif op == "sort" and isinstance(value, list):
-            value = sorted(value, key=lambda v: json.dumps(v, sort_keys=True, default=str))
-    return value
-
-
-_ENVELOPE_FIELDS = frozenset({"ok", "next", "cursor"})
-
-
-def is_empty(result: Any) -> bool:
-    """None, "", [], {} or an object whose payload fields (all but ok/next/cursor) are
-    all such: no results."""
-    if isinstance(result, dict):
-        if not result:
-            return True
-        payload = False
-        for key, value in result.items():
-            if key in _ENVELOPE_FIELDS:
-                continue
-            if not (value is None or value == "" or value == [] or value == {}):
-                return False
-            payload = True
-        return payload
-    return result is None or result == "" or result == []
 
 
 def str_or_none(value: Any) -> str | None:

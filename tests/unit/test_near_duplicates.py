@@ -13,7 +13,7 @@ import pytest
 
 from detectors.policy import Policy, policy_from_mapping
 from detectors.similarity import similarity
-from streams.spanpath.sketch import call_view, features
+from detectors.sketch import call_view, features
 from tests.near_duplicate_corpus import LOOPS, PROGRESS, corpus, traps
 from tests.near_duplicate_corpus import TRAPS as TRAP_BUILDERS
 from tests.spankit import Run, replay

@@ -1,4 +1,4 @@
-"""The similarity sketches' error (streams/spanpath/sketch.py states the figures this
+"""The similarity sketches' error (detectors.sketch.py states the figures this
 measures): on random sets of known overlap, short and long, and as decisions at the
 thresholds on every pair of calls (and model turns) of the labeled corpus, estimated
 against exactly computed. `python -m tests.unit.test_sketch_error` prints the table."""
@@ -12,7 +12,7 @@ from typing import Any
 
 from detectors.policy import Policy
 from detectors.similarity import similarity
-from streams.spanpath.sketch import Sketcher, call_view, features
+from detectors.sketch import Sketcher, call_view, features
 from tests.near_duplicate_corpus import Case, corpus, traps
 
 KEY = b"sketch-error-key"

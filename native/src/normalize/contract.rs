@@ -1,4 +1,4 @@
-//! The tool contract applied to one call (streams/spanpath/contract.py).
+//! The tool contract applied to one call (detectors/contract.py).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! Similarity sketches (streams/spanpath/sketch.py states the rule; this is it byte for byte).
+//! Similarity sketches (detectors/sketch.py states the rule; this is it byte for byte).
 
 use super::contract::{drop_attempt_args, pick};
 use super::*;

@@ -80,10 +80,10 @@ import hashlib
 import re
 from typing import Any
 
-from detectors.fingerprint import canonical
-from detectors.policy import Similarity, ToolContract
-from detectors.similarity import K
-from streams.spanpath.contract import contract_args, without_attempt_args
+from .contract import contract_args, without_attempt_args
+from .fingerprint import canonical
+from .policy import Similarity, ToolContract
+from .similarity import K
 
 MAX_ITEMS = 64  # items of a result read (as a contract's new_items_field)
 MAX_RESULT_ITEMS = 32  # item hashes a step carries

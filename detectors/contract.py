@@ -5,12 +5,12 @@ effect's business identity and idempotency key). Only digests leave."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from detectors.fingerprint import Fingerprinter
-from detectors.model import Step
-from detectors.policy import Policy, ToolContract
-from streams.spanpath.values import apply_ops
+from .fingerprint import Fingerprinter
+from .model import Step
+from .policy import Policy, ToolContract
 
 MAX_ITEMS = 64  # new items digested per result
 
@@ -24,6 +24,21 @@ def contract_args(args: dict[str, Any], contract: ToolContract | None) -> dict[s
         if arg in merged:
             merged[arg] = apply_ops(merged[arg], ops)
     return merged
+
+
+def apply_ops(value: Any, ops: tuple[str, ...]) -> Any:
+    """The normalization a tool contract declares for one argument (and only that)."""
+    for op in ops:
+        if isinstance(value, str):
+            if op == "trim":
+                value = value.strip()
+            elif op == "lowercase":
+                value = value.lower()
+            elif op == "collapse_whitespace":
+                value = " ".join(value.split())
+        elif op == "sort" and isinstance(value, list):
+            value = sorted(value, key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    return value
 
 
 def action_fp(
