@@ -9,10 +9,11 @@ export LOOPWATCH_BOOTSTRAP ?= 127.0.0.1:$(KAFKA_PORT)
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-.venv/.installed: pyproject.toml
+.venv/.installed: pyproject.toml guard/pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e ./guard
 	touch $@
 
 # the compiled span path (native/): built when a Rust toolchain is there or can be installed,
@@ -53,6 +54,7 @@ lint: .venv/.installed ## ruff + mypy (strict on detectors/)
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy detectors streams alerts bench tests/support
+	.venv/bin/mypy guard/loopwatch_guard --exclude 'guard/loopwatch_guard/detectors/'
 
 bench: .venv/.installed .venv/.native ## run the benchmarks and print the results table (writes bench/results/*.json)
 	scripts/kafka.sh start

@@ -9,11 +9,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from detectors.fingerprint import stable_id
 from detectors.model import Finding
 from detectors.policy import Policy
-from detectors.similarity import DETECTOR as NEAR_DUPLICATE
-from detectors.similarity import TURNS_DETECTOR
+from detectors.recovery import CRITICAL_SHAPES, event_id, recommended_action
 
 SHAPES = (
     "identical_repetition",
@@ -28,8 +26,6 @@ SHAPES = (
     "duplicate_side_effect",
     "unsafe_side_effect_retry",
 )
-CRITICAL_SHAPES = frozenset({"duplicate_side_effect", "unsafe_side_effect_retry"})
-NEAR_DUPLICATE_DETECTORS = frozenset({NEAR_DUPLICATE, TURNS_DETECTOR})
 EVENT_FIELDS = (
     "event",
     "event_id",
@@ -65,34 +61,10 @@ EVENT_FIELDS = (
 )
 
 
-def event_id(run_id: str, shape: str, key: str) -> str:
-    return stable_id("loop_detected", run_id, shape, key)
-
-
 def severity(finding: Finding) -> str:
     if finding.shape in CRITICAL_SHAPES or finding.side_effect:
         return "critical"
     return "warning"
-
-
-def recommended_action(finding: Finding, policy: Policy) -> str:
-    """The recovery table of loop-detection-and-recovery.txt, applied to this episode."""
-    if finding.shape in CRITICAL_SHAPES or finding.side_effect:
-        return "stop_and_escalate"
-    if finding.shape == "delegation_ping_pong":
-        return "human_handoff"
-    if finding.detector in NEAR_DUPLICATE_DETECTORS:
-        # the tool (or the model's own action) keeps answering what it already answered:
-        # take it away for a turn and make the model decide (the runbook's strategy 2)
-        return "constrain_toolset"
-    code = finding.trigger.error_code
-    if (code is not None and code in policy.missing_data_codes) or finding.trigger.empty_result:
-        return "deterministic_fallback"
-    if finding.shape == "goal_already_satisfied" or finding.run_meta.get("progress_observed"):
-        return "force_final_answer"
-    if finding.run_meta.get("side_effect_committed"):
-        return "stop_and_escalate"
-    return "inject_attempt_history"
 
 
 def _iso(ns: int) -> str:

@@ -61,25 +61,13 @@ def without_attempt_args(merged: dict[str, Any], contract: ToolContract) -> dict
     return {k: v for k, v in merged.items() if k not in drop} if drop & merged.keys() else merged
 
 
-def fill_contract(
-    fp: Fingerprinter, step: Step, contract: ToolContract, args: dict[str, Any], result: Any
+def fill_action(
+    fp: Fingerprinter, step: Step, contract: ToolContract, args: dict[str, Any]
 ) -> None:
-    res = result if isinstance(result, dict) else {}
-    if contract.version_field is not None:
-        version = res.get(contract.version_field)
-        if isinstance(version, int | float) and not isinstance(version, bool):
-            step.version = float(version)
-    if contract.state_field is not None:
-        state = res.get(contract.state_field)
-        if state is not None:
-            step.state_fp = fp.of_value("state", state)
-            step.state_terminal = str(state) in contract.terminal_states
+    """The contract's fields the call's arguments give: its cursor, and a side effect's
+    business identity and idempotency key (known before the call is dispatched)."""
     if contract.cursor_arg is not None:
         step.cursor_fp = fp.of_value("cursor", args.get(contract.cursor_arg))
-    if contract.new_items_field is not None:
-        items = res.get(contract.new_items_field)
-        if isinstance(items, list):
-            step.item_fps = tuple(fp.of_value("item", i)[:8] for i in items[:MAX_ITEMS])
     if contract.side_effect:
         merged = contract_args(args, contract)
         identity = contract.business_identity or contract.identity
@@ -91,6 +79,24 @@ def fill_contract(
             key = args.get(contract.idempotency_key_arg)
             if key not in (None, ""):
                 step.idempotency_fp = fp.of_value("idempotency", key)
+
+
+def fill_outcome(fp: Fingerprinter, step: Step, contract: ToolContract, result: Any) -> None:
+    """The contract's fields the call's result gives: version, state, new items."""
+    res = result if isinstance(result, dict) else {}
+    if contract.version_field is not None:
+        version = res.get(contract.version_field)
+        if isinstance(version, int | float) and not isinstance(version, bool):
+            step.version = float(version)
+    if contract.state_field is not None:
+        state = res.get(contract.state_field)
+        if state is not None:
+            step.state_fp = fp.of_value("state", state)
+            step.state_terminal = str(state) in contract.terminal_states
+    if contract.new_items_field is not None:
+        items = res.get(contract.new_items_field)
+        if isinstance(items, list):
+            step.item_fps = tuple(fp.of_value("item", i)[:8] for i in items[:MAX_ITEMS])
 
 
 def plan_fp(fp: Fingerprinter, policy: Policy, calls: list[tuple[str, Any]]) -> str | None:

@@ -140,6 +140,22 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
     return []
 
 
+def feed(policy: Policy, state: RunState, step: Step) -> list[Finding]:
+    """Process one step as it happens, in runtime order, without the dedup and reorder
+    buffer: the guard's driver (it sees each call when it is made, so its order is the
+    runtime's). The detectors and their state are the ones `release` feeds."""
+    state.spans += 1
+    if not state.trace_id:
+        state.trace_id = step.trace_id
+    if step.end_ns > state.max_end_ns:
+        state.max_end_ns = step.end_ns
+    if state.prompt_version is None:
+        state.prompt_version = step.prompt_version
+    ctx = Context(policy, state)
+    _process(ctx, step)
+    return ctx.findings
+
+
 def release(policy: Policy, state: RunState, watermark_ns: int | None = None) -> list[Finding]:
     """Feed every buffered step that is ready at this event-time watermark: by default the
     run's latest span end (spans arrive in export order, as in a replay); a driver whose

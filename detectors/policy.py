@@ -96,6 +96,7 @@ class ToolContract:
     business_identity: tuple[str, ...] | None = None
     reconcile_tool: str | None = None
     similarity: Similarity | None = None  # None: the policy's
+    guard_mode: str | None = None  # the guard's mode for this tool (None: the policy's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,9 @@ class Policy:
     # What models' tokens cost (detectors/prices.py); empty: no money anywhere.
     prices: dict[str, Price] = field(default_factory=dict)
     similarity: Similarity = field(default_factory=Similarity)
+    # The in-process guard (guard/loopwatch_guard): observe (decide and record, never
+    # block) or enforce; a tool's own `guard:` over it.
+    guard_mode: str = "observe"
 
     def limits_for(self, task_type: str | None) -> Limits:
         if task_type is not None:
@@ -147,6 +151,16 @@ class Policy:
 
     def tool(self, name: str) -> ToolContract | None:
         return self.tools.get(name)
+
+    @property
+    def known_error_codes(self) -> frozenset[str]:
+        return self.transient_error_codes | self.missing_data_codes | self.ambiguous_error_codes
+
+    def guard_mode_for(self, tool: str) -> str:
+        contract = self.tools.get(tool)
+        if contract is not None and contract.guard_mode is not None:
+            return contract.guard_mode
+        return self.guard_mode
 
     def similarity_for(self, tool: str) -> Similarity:
         """A tool's near-duplicate settings. Off for a tool whose contract declares a version
@@ -185,6 +199,7 @@ _TOOL_KEYS = {
     "business_identity",
     "reconcile_tool",
     "similarity",
+    "guard",
 }
 _SIMILARITY_KEYS = {
     "enabled",
@@ -225,7 +240,9 @@ _TOP_KEYS = {
     "transient_message_patterns",
     "prices",
     "similarity",
+    "guard",
 }
+GUARD_MODES = ("observe", "enforce")
 
 
 def _limits(r: ConfigReader, raw: Any, path: str, base: Limits) -> Limits:
@@ -347,7 +364,49 @@ def _tool(
             raise ConfigError(
                 f"{r.source}: {join(path, key)}: only meaningful with side_effect: true"
             )
+    if "guard" in m:
+        kw["guard_mode"] = _guard_mode(r, m["guard"], join(path, "guard"))
     return ToolContract(**kw)
+
+
+def _guard_mode(r: ConfigReader, raw: Any, path: str) -> str:
+    """`guard: enforce` or `guard: {mode: enforce}`."""
+    if isinstance(raw, str):
+        mode, mpath = raw, path
+    else:
+        m = r.mapping(raw, path, {"mode"})
+        if "mode" not in m:
+            raise r.fail(join(path, "mode"), "one of " + ", ".join(GUARD_MODES), None)
+        mode, mpath = m["mode"], join(path, "mode")
+    if mode not in GUARD_MODES:
+        raise r.fail(mpath, "one of " + ", ".join(GUARD_MODES), mode)
+    return str(mode)
+
+
+def _check_enforced_side_effects(
+    source: str, policy_mode: str, tools: dict[str, ToolContract]
+) -> None:
+    """The seeds' rollout: side-effect tools are enforced only once their idempotency and
+    reconciliation paths exist, i.e. their contract declares both."""
+    for name, contract in tools.items():
+        mode = contract.guard_mode or policy_mode
+        if mode != "enforce" or not contract.side_effect:
+            continue
+        missing = [
+            key
+            for key, value in (
+                ("idempotency_key_arg", contract.idempotency_key_arg),
+                ("reconcile_tool", contract.reconcile_tool),
+            )
+            if value is None
+        ]
+        if missing:
+            where = f"tools.{name}.guard" if contract.guard_mode else "guard.mode"
+            raise ConfigError(
+                f"{source}: {where}: the side-effect tool {name!r} can be enforced only when its "
+                f"contract declares {' and '.join(missing)}; declare it, or set "
+                f"tools.{name}.guard: observe"
+            )
 
 
 def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
@@ -396,6 +455,11 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
                 "expected a tool declared under tools:"
             )
     kw["tools"] = tools
+    if "guard" in m:
+        g = r.mapping(m["guard"], "guard", {"mode"})
+        if "mode" in g:
+            kw["guard_mode"] = _guard_mode(r, g["mode"], "guard.mode")
+    _check_enforced_side_effects(source, kw.get("guard_mode", "observe"), tools)
     kw["reconcile_tools"] = frozenset(c.reconcile_tool for c in tools.values() if c.reconcile_tool)
     for key in ("transient_error_codes", "ambiguous_error_codes", "missing_data_codes"):
         if key in m:

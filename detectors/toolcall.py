@@ -10,10 +10,13 @@ Nothing here keeps an argument or a result: they come in parsed, and leave as di
 
 from __future__ import annotations
 
+import json
+import json.scanner
 import re
+from collections.abc import Iterable
 from typing import Any
 
-from .contract import action_fp, fill_contract
+from .contract import action_fp, fill_action, fill_outcome
 from .fingerprint import Fingerprinter
 from .model import Step
 from .policy import Policy
@@ -45,13 +48,37 @@ class CallReducer:
         raw_result: Any = None,
         code: str | None = None,
     ) -> None:
-        """Fill `step`'s digests for a call of `tool` with these arguments and, when
-        `has_result`, this result (`raw_result`: the text as the tool sent it, digested as
-        sent when it is one) or error `code`. Without a result or code it fills what the
-        arguments alone say (what a guard knows before dispatch)."""
-        fp = self.fp
+        """Fill `step`'s digests for a call of `tool`: `action` then `outcome`."""
+        self.action(step, tool, args)
+        self.outcome(
+            step, tool, has_result=has_result, result=result, raw_result=raw_result, code=code
+        )
+
+    def action(self, step: Step, tool: str, args: dict[str, Any]) -> None:
+        """What the arguments alone say (what a guard knows before dispatch): the action
+        fingerprint, the contract's cursor and side-effect fields, the arguments' sketch
+        and the call's identity."""
         contract = self.policy.tools.get(tool)
-        step.action_fp = action_fp(fp, tool, args, contract)
+        step.action_fp = action_fp(self.fp, tool, args, contract)
+        if contract is not None:
+            fill_action(self.fp, step, contract, args)
+        similarity = self.policy.similarity_for(tool)
+        if similarity.enabled:
+            step.action_sketch, step.identity_fp = self.sketch.of_call(args, contract, similarity)
+
+    def outcome(
+        self,
+        step: Step,
+        tool: str,
+        *,
+        has_result: bool,
+        result: Any = None,
+        raw_result: Any = None,
+        code: str | None = None,
+    ) -> None:
+        """What the call's result (`raw_result`: its text as the tool sent it, digested as
+        sent when it is one) or its error `code` says."""
+        fp = self.fp
         step.error_code = code
         if has_result:
             # Results come from tool code (stable serialization): digest the text as sent.
@@ -62,18 +89,16 @@ class CallReducer:
             step.empty_result = is_empty(result)
         elif code is not None:
             step.result_fp = fp.of_text("code", code)
+        contract = self.policy.tools.get(tool)
         if contract is not None:
-            fill_contract(fp, step, contract, args, result)
+            fill_outcome(fp, step, contract, result)
         similarity = self.policy.similarity_for(tool)
-        if similarity.enabled:
-            sketch = self.sketch
-            step.action_sketch, step.identity_fp = sketch.of_call(args, contract, similarity)
-            if has_result and code is None and not step.empty_result:
-                # (a failure or an empty result is never compared: detectors/similarity.py)
-                if similarity.result_items:
-                    step.result_sketch, step.result_items = sketch.of_result(result)
-                else:
-                    step.result_sketch = sketch.of_value(result)
+        if similarity.enabled and has_result and code is None and not step.empty_result:
+            # (a failure or an empty result is never compared: detectors/similarity.py)
+            if similarity.result_items:
+                step.result_sketch, step.result_items = self.sketch.of_result(result)
+            else:
+                step.result_sketch = self.sketch.of_value(result)
 
 
 def short_code(value: Any) -> str | None:
@@ -90,6 +115,19 @@ def short_code(value: Any) -> str | None:
     if not _CODE_LIKE(code):
         return "error"  # a sentence is customer text, not a code: never copy it
     return code.lower()
+
+
+def refine_code(policy: Policy, code: str | None, texts: Iterable[str]) -> str | None:
+    """A stated code as the policy knows it. A framework's native failure (a raised
+    exception, a JS throw, a retry request) names its exception type, not the cause: its
+    messages are matched for a transient cause. Matched, never copied."""
+    if code is None or code in policy.known_error_codes:
+        return code
+    for text in texts:
+        for pattern, transient in policy.transient_message_patterns:
+            if pattern.search(text):
+                return transient
+    return code
 
 
 def result_code(result: Any) -> str | None:
@@ -118,3 +156,36 @@ def is_empty(result: Any) -> bool:
             payload = True
         return payload
     return result is None or result == "" or result == []
+
+
+def as_json(value: Any) -> Any:
+    """Parse a JSON string; other values (already structured, or not JSON) are returned as is."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in _JSON_STARTS or text in ("null", "true", "false"):
+            try:
+                return loads(text)
+            except (ValueError, RecursionError):  # RecursionError: nested too deeply
+                return value
+    return value
+
+
+_JSON_STARTS = frozenset('{["-0123456789')
+# The C scanner, when available (typeshed mistypes make_scanner's argument).
+_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def loads(text: str) -> Any:
+    """json.loads of a stripped string, without its per-call Python layers (hot path)."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("extra data after JSON")
+    return value

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from detectors.recognition import Profile, SpanFacts
-from streams.spanpath.values import as_json
+from detectors.toolcall import as_json
 
 
 def requested_calls(

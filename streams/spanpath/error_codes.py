@@ -9,17 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 from detectors.policy import Policy
-from detectors.toolcall import result_code, short_code
+from detectors.toolcall import refine_code, result_code, short_code
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 
 
 class ErrorCodes:
     def __init__(self, policy: Policy) -> None:
-        self.known = (
-            policy.transient_error_codes | policy.missing_data_codes | policy.ambiguous_error_codes
-        )
+        self.policy = policy
+        self.known = policy.known_error_codes
         self.status_codes = sorted(policy.transient_error_codes | policy.missing_data_codes)
-        self.transient_patterns = policy.transient_message_patterns
 
     def code(
         self, span: SpanRecord, error_type: Any, result: Any, message: Callable[[], Any]
@@ -28,14 +26,7 @@ class ErrorCodes:
         code = self.stated(span, error_type, result)
         if code is None or code in self.known:
             return code
-        # A framework's native failure (a raised exception, a JS throw, a retry request)
-        # names its exception type, not the cause: look for a transient cause in the
-        # messages. Matched, never copied.
-        for text in messages(span, message()):
-            for pattern, transient in self.transient_patterns:
-                if pattern.search(text):
-                    return transient
-        return code
+        return refine_code(self.policy, code, messages(span, message()))
 
     def stated(self, span: SpanRecord, error_type: Any, result: Any) -> str | None:
         code = short_code(error_type)

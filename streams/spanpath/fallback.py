@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from detectors.model import LLM, TOOL
-from streams.spanpath.values import as_json
+from detectors.toolcall import as_json
 
 LABEL = "generic-fallback"  # the rule label `loopwatch inspect` shows for these spans
 

@@ -20,7 +20,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, TOOL, Step
 from detectors.policy import Policy
 from detectors.recognition import Profile, Source, SpanFacts
-from detectors.toolcall import CallReducer
+from detectors.toolcall import CallReducer, as_json
 from streams.spanpath import fallback
 from streams.spanpath.calls import last_input_message, plan_calls, requested_calls
 from streams.spanpath.error_codes import ErrorCodes
@@ -30,7 +30,6 @@ from streams.spanpath.termination import termination_reason
 from streams.spanpath.values import (
     as_count,
     as_int,
-    as_json,
     first,
     ident,
     str_or_none,

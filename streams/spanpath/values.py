@@ -4,10 +4,10 @@ a value: the callers reduce them to digests (streams/spanpath/normalize.py)."""
 
 from __future__ import annotations
 
-import json
-import json.scanner
 import zlib
 from typing import Any
+
+from detectors.toolcall import as_json
 
 _MISSING = object()
 
@@ -18,39 +18,6 @@ def first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
         if value is not _MISSING and value is not None and value != "":
             return value
     return None
-
-
-def as_json(value: Any) -> Any:
-    """Parse a JSON string; other values (already structured, or not JSON) are returned as is."""
-    if isinstance(value, bytes | bytearray):
-        try:
-            value = bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return value.hex()
-    if isinstance(value, str):
-        text = value.strip()
-        if text[:1] in _JSON_STARTS or text in ("null", "true", "false"):
-            try:
-                return loads(text)
-            except (ValueError, RecursionError):  # RecursionError: nested too deeply
-                return value
-    return value
-
-
-_JSON_STARTS = frozenset('{["-0123456789')
-# The C scanner, when available (typeshed mistypes make_scanner's argument).
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
-
-
-def loads(text: str) -> Any:
-    """json.loads of a stripped string, without its per-call Python layers (hot path)."""
-    try:
-        value, end = _scan_json(text, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if end != len(text):
-        raise ValueError("extra data after JSON")
-    return value
 
 
 def as_int(value: Any) -> int | None:

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alerts.events import event_id
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import Policy, load_policy, policy_from_mapping
+from detectors.recovery import event_id
 from streams.runloop.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer

@@ -9,8 +9,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from alerts.events import event_id
 from alerts.trace_links import TraceLinks
+from detectors.recovery import event_id
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
 from streams.worker.api import params as api_params
 from streams.worker.api.params import DEFAULT_LOOP_BY, DEFAULT_SINCE, LOOP_LABELS
