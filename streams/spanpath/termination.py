@@ -13,6 +13,10 @@ from detectors.recognition import Termination
 from streams.spanpath.calls import OUT_OF_STEPS, last_message_text
 from streams.spanpath.spans import SpanRecord
 
+GUARD_MODE = (
+    "loopwatch.guard.mode"  # loopwatch_guard's decision events (guard/loopwatch_guard/trace.py)
+)
+
 
 def termination_reason(
     step: Step,
@@ -24,7 +28,8 @@ def termination_reason(
     """The stated reason; also sets `step.guard_ns` (the first loop guard event)."""
     reason: str | None = None
     for event in span.events:
-        if event.name == "loop_guard":
+        # an observe-mode guard decided and recorded, and the run went on: not a stop
+        if event.name == "loop_guard" and event.attributes.get(GUARD_MODE) != "observe":
             step.guard_ns = (
                 event.time_ns if step.guard_ns is None else min(step.guard_ns, event.time_ns)
             )

@@ -320,6 +320,8 @@ def _all_keys() -> list[str]:
 
 ATTR_KEYS = _all_keys()
 WORDS = [
+    "observe",  # loopwatch.guard.mode: an observe-mode guard decision is no stop
+    "enforce",
     "execute_tool",
     "chat",
     "TOOL",
@@ -573,6 +575,7 @@ def requests(draw: st.DrawFn) -> bytes:
                                     [
                                         "exception.type",
                                         "exception.message",
+                                        "loopwatch.guard.mode",
                                         "message",
                                         "finish_reason",
                                         "content",

@@ -38,7 +38,9 @@ impl SpanPath {
         let p = f.profile;
         let mut reason: Option<String> = None;
         for e in &span.events {
-            if e.name == "loop_guard" {
+            // an observe-mode guard decided and recorded, and the run went on: not a stop
+            let observed = matches!(aget(&e.attrs, "loopwatch.guard.mode"), Some(V::Str(m)) if m == "observe");
+            if e.name == "loop_guard" && !observed {
                 o.guard_ns = Some(match o.guard_ns {
                     None => e.time,
                     Some(g) => g.min(e.time),
