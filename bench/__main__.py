@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from bench import order_bench, replay_bench, retention_bench
+from bench import guard_bench, order_bench, replay_bench, retention_bench
 from bench.corpus import export_messages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     # what keeping finished runs for query run costs (the retained table)
     retention = retention_bench.run(60_000, (100_000, 1_000_000))
     results["retention"] = retention
+    guard = guard_bench.run(400, args.policy)
+    results["guard"] = guard
 
     rows = [
         (
@@ -190,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     rows += retention_bench.rows(retention)
+    rows += guard_bench.rows(guard)
     rows.append(
         (
             "replay RSS after each of 10 replays (50k spans, 1 process)",

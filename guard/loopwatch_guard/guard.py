@@ -426,7 +426,7 @@ class GuardRun:
             if last is not None:
                 for name, value in zip(_OUTCOME, last, strict=True):
                     setattr(probe, name, value)
-        trial = copy.deepcopy(self.state)
+        trial = self.state.clone()
         findings = [f for f in pipeline.feed(self.policy, trial, probe) if f.trigger is probe]
         if not findings:
             return None

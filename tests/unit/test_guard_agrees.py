@@ -185,3 +185,29 @@ def test_the_comparison_fails_when_the_guard_decides_a_call_late() -> None:
                 decided.get("identical_repetition") != platform["identical_repetition"][:2]
             )
     assert mismatched > 0
+
+
+def test_a_trial_on_a_clone_leaves_the_runs_state_as_it_was() -> None:
+    """The guard predicts on `RunState.clone()`: the clone starts equal, and whatever the
+    detectors do to it (every shape fires somewhere in the examples) the run's own state is
+    unchanged."""
+    import json
+
+    from detectors.pipeline import feed
+
+    clones = 0
+    for run_id, steps in _runs(_files(ROOT / "examples"), EXAMPLE_POLICY).items():
+        state = new_state(run_id)
+        for i, step in enumerate(steps):
+            if step.kind in (AGENT, OTHER) or step.is_root:
+                continue
+            before = json.dumps(state.to_dict(), sort_keys=True)
+            twin = state.clone()
+            assert json.dumps(twin.to_dict(), sort_keys=True) == before
+            for later in steps[i : i + 6]:  # the detectors change the twin's lists and maps
+                if later.kind not in (AGENT, OTHER) and not later.is_root:
+                    feed(EXAMPLE_POLICY, twin, copy.copy(later))
+            assert json.dumps(state.to_dict(), sort_keys=True) == before
+            feed(EXAMPLE_POLICY, state, copy.copy(step))
+            clones += 1
+    assert clones > 100
