@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from detectors.policy import load_policy
 from loopwatch_guard import Guard
+
+from detectors.policy import load_policy
 
 STEPS = 50
 
