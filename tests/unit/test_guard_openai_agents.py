@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from agents import Agent, RunConfig, Runner, ToolInputGuardrailTripwireTriggered, function_tool
 from agents.testing.model import ModelStep, ScriptedModel, assistant_message, function_call
-from opentelemetry import trace
-
 from loopwatch_guard import DENY, RECONCILE, STOP, Guard
 from loopwatch_guard.integrations.openai_agents import OpenAIAgentsGuard
+from opentelemetry import trace
+
 from tests.guard_support import memory_exporter
 from tests.unit.test_guard_runtime import KEY, ORDER, guard_events, policy
 
