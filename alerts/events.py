@@ -25,6 +25,8 @@ SHAPES = (
     "goal_already_satisfied",
     "duplicate_side_effect",
     "unsafe_side_effect_retry",
+    # not a loop: the platform's check on the in-process guard (detectors/guard_check.py)
+    "guard_ignored",
 )
 EVENT_FIELDS = (
     "event",

@@ -37,6 +37,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from detectors.model import GUARD_IGNORED
+
 __all__ = [
     "DEFAULT_LABEL_CAP",
     "DEFAULT_METRICS_PORT",
@@ -184,6 +186,13 @@ class Metrics:
             PREFIX + "loop_events_total",
             "loop_detected events emitted, by loop shape, event severity and versions.",
             ["shape", "severity", "prompt_version", "tool_name", "tool_version"],
+            registry=r,
+        )
+        self.guard_ignored = Counter(
+            PREFIX + "guard_ignored_total",
+            "Tool calls the in-process guard denied (enforced) that ran anyway: guard_ignored "
+            "events. Not loops: the integration did not act on the guard's decision.",
+            ["prompt_version", "tool_name", "tool_version"],
             registry=r,
         )
         self.wasted_steps = Counter(
@@ -363,6 +372,13 @@ class Metrics:
         exemplar = None  # (an exemplar's labels hold 128 characters at most)
         if isinstance(trace_id, str) and 0 < len(trace_id) <= 64:
             exemplar = {"trace_id": trace_id}
+        if event.get("shape") == GUARD_IGNORED:  # the guard checked, not a loop: own counter
+            self.guard_ignored.labels(
+                prompt_version=prompt_version,
+                tool_name=tool_name,
+                tool_version=lim("tool_version", event.get("tool_version")),
+            ).inc(exemplar=exemplar)
+            return
         self.loop_events.labels(
             shape=shape,
             severity=lim("severity", event.get("severity")),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .model import Finding, Step
+from .model import GUARD_IGNORED, Finding, Step
 from .policy import Limits, Policy, ToolContract
 from .state import FIRED_CAP, RunState
 
@@ -49,7 +49,7 @@ class Context:
         if len(state.fired) >= FIRED_CAP:
             state.fired.pop(0)
         state.fired.append(marker)
-        if shape not in state.shapes:
+        if shape not in state.shapes and shape != GUARD_IGNORED:  # (not a loop)
             state.shapes.append(shape)
             state.trigger_ns[shape] = trigger.start_ns
         contract = self.contract(trigger.name) if trigger.kind == "tool" else None

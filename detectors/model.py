@@ -24,6 +24,11 @@ AGENT = "agent"  # an agent / root span: termination evidence, no action
 OTHER = "other"  # any other span of the run: kept only for tree completeness
 
 
+# Not a loop shape: the platform's check on the in-process guard (detectors/guard_check.py).
+# Its events go out like the loops', but it neither makes a run "looped" (the summary's
+# shapes, loop rates) nor counts as a loop event in the metrics.
+GUARD_IGNORED = "guard_ignored"
+
 # What counts against a declared step limit (Step.limit_counts)
 LIMIT_LLM_TURNS, LIMIT_TOOL_CALLS, LIMIT_ALL_STEPS = "llm", "tool", "steps"
 
@@ -95,6 +100,11 @@ class Step:
     # What names the record a tool call acts on (its contract's identity, else identifier
     # keys and values: detectors/sketch.py), digested: compared exactly.
     identity_fp: str | None = None
+    # The calls an enforced loopwatch_guard decision on this span kept from being
+    # dispatched, "<event time ns> <call id>" (its `loop_guard` events: deny, reconcile or
+    # stop; at most 8): a tool of that call id starting after it ran although the guard
+    # denied it (detectors/guard_check.py).
+    denied_calls: tuple[str, ...] = ()
 
     def to_list(self) -> list[Any]:
         """Compact positional form for the wire (internal topic) and for state."""
@@ -105,6 +115,8 @@ class Step:
         step = cls(*values[: len(STEP_FIELDS)])
         if not isinstance(step.item_fps, tuple):  # JSON gives lists back
             step.item_fps = tuple(step.item_fps)
+        if not isinstance(step.denied_calls, tuple):
+            step.denied_calls = tuple(step.denied_calls)
         return step
 
     @property

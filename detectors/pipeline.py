@@ -24,6 +24,7 @@ from .budget import budget_exhausted
 from .churn import argument_churn, retry_storm
 from .context import context_collapse, note_context
 from .cycles import delegation_ping_pong, oscillation, replanning
+from .guard_check import guard_ignored, note_denials
 from .model import (
     AGENT,
     HANDOFF,
@@ -66,6 +67,7 @@ DETECTORS: tuple[Detector, ...] = (
     delegation_ping_pong,
     context_collapse,
     side_effects,
+    guard_ignored,
     budget_exhausted,
 )
 # Which detectors look at which step kind (the hot path skips the rest).
@@ -79,6 +81,7 @@ _BY_KIND: dict[str, tuple[Detector, ...]] = {
         oscillation,
         context_collapse,
         side_effects,
+        guard_ignored,
         budget_exhausted,
     ),
     HANDOFF: (delegation_ping_pong, budget_exhausted),
@@ -111,6 +114,13 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
         del dedup[next(iter(dedup))]
     dedup[span_id] = digest
     _track_tree(state, step)
+    # the guard's denials ride on any span (the agent's, mostly): a call they name that
+    # already ran after them fires now
+    denied: list[Finding] = []
+    if step.denied_calls:
+        ctx = Context(policy, state)
+        note_denials(ctx, step)
+        denied = ctx.findings
     end = step.end_ns
     if end > state.max_end_ns:
         state.max_end_ns = end
@@ -121,9 +131,9 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
     kind = step.kind
     if kind == AGENT or step.is_root:
         _note_container(state, step)
-        return []
+        return denied
     if kind == OTHER:
-        return []
+        return denied
     last_key = state.last_key
     if last_key is not None:
         seq = step.sequence
@@ -132,12 +142,12 @@ def ingest(policy: Policy, state: RunState, step: Step) -> list[Finding]:
             state.late_spans += 1
             ctx = Context(policy, state)
             _process(ctx, step)
-            return ctx.findings
+            return denied + ctx.findings
     state.pending.append(step)
     if len(state.pending) > policy.max_pending_steps:
         state.forced_releases += 1
-        return _release(policy, state, None, force_one=True)
-    return []
+        return denied + _release(policy, state, None, force_one=True)
+    return denied
 
 
 def feed(policy: Policy, state: RunState, step: Step) -> list[Finding]:
@@ -227,6 +237,8 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         "start_time_unix_nano": state.start_ns or 0,
         "end_time_unix_nano": state.last_end_ns,
     }
+    if state.guard_denied:  # runs an enforced guard denied calls of: how many ran anyway
+        summary["guard_ignored"] = sum(m.startswith("guard_ignored|") for m in state.fired)
     if policy.prices:  # money only where the policy prices models
         summary["cost"] = round(state.cost, 6)
         summary["wasted_cost"] = round(

@@ -11,7 +11,8 @@ from .policy import Policy
 from .similarity import DETECTOR as NEAR_DUPLICATE
 from .similarity import TURNS_DETECTOR
 
-CRITICAL_SHAPES = frozenset({"duplicate_side_effect", "unsafe_side_effect_retry"})
+# guard_ignored: a call the guard denied ran anyway (detectors/guard_check.py)
+CRITICAL_SHAPES = frozenset({"duplicate_side_effect", "unsafe_side_effect_retry", "guard_ignored"})
 NEAR_DUPLICATE_DETECTORS = frozenset({NEAR_DUPLICATE, TURNS_DETECTOR})
 
 

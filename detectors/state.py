@@ -110,6 +110,9 @@ class RunState:
     # [newer bloom, older bloom, items in the newer], and its recent model turns (T_*).
     seen_items: list[int] = field(default_factory=list)
     turns: list[list[Any]] = field(default_factory=list)
+    # The guard checked (detectors/guard_check.py): the calls an enforced guard decision
+    # denied, [call id, denial ns], at most MAP_CAP.
+    guard_denied: list[list[Any]] = field(default_factory=list)
     finalized: bool = False
 
     def clone(self) -> RunState:

@@ -26,7 +26,7 @@ from streams.spanpath.calls import last_input_message, plan_calls, requested_cal
 from streams.spanpath.error_codes import ErrorCodes
 from streams.spanpath.limits import declared_limit
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
-from streams.spanpath.termination import termination_reason
+from streams.spanpath.termination import denied_calls, termination_reason
 from streams.spanpath.values import (
     as_count,
     as_int,
@@ -290,6 +290,8 @@ class Normalizer:
         )
         step.is_root = span.parent_span_id is None
         step.status_error = span.status_code == STATUS_ERROR
+        if span.events:
+            step.denied_calls = denied_calls(span)
         step.service_name = res[1]
         derived = profile.derived
         prompt_version = v.get("prompt_version")

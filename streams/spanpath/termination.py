@@ -13,9 +13,37 @@ from detectors.recognition import Termination
 from streams.spanpath.calls import OUT_OF_STEPS, last_message_text
 from streams.spanpath.spans import SpanRecord
 
-GUARD_MODE = (
-    "loopwatch.guard.mode"  # loopwatch_guard's decision events (guard/loopwatch_guard/trace.py)
-)
+# loopwatch_guard's decision events (guard/loopwatch_guard/trace.py)
+GUARD_MODE = "loopwatch.guard.mode"
+GUARD_DECISION = "loopwatch.guard.decision"
+GUARD_CALL_ID = "loopwatch.guard.call_id"
+ENFORCED_DECISIONS = frozenset({"deny", "reconcile", "stop"})
+MAX_DENIED_CALLS = 8
+
+
+def denied_calls(span: SpanRecord) -> tuple[str, ...]:
+    """The calls the span's enforced guard decisions kept from being dispatched, as
+    "<event time ns> <call id>": its `loop_guard` events not in observe mode whose decision
+    is deny, reconcile or stop and that name a call id (distinct ids, in order, at most
+    MAX_DENIED_CALLS)."""
+    found: list[str] = []
+    out: list[str] = []
+    for event in span.events:
+        if event.name != "loop_guard":
+            continue
+        attrs = event.attributes
+        call_id = attrs.get(GUARD_CALL_ID)
+        if (
+            attrs.get(GUARD_MODE) != "observe"
+            and attrs.get(GUARD_DECISION) in ENFORCED_DECISIONS
+            and isinstance(call_id, str)
+            and call_id
+            and call_id not in found
+            and len(found) < MAX_DENIED_CALLS
+        ):
+            found.append(call_id)
+            out.append(f"{event.time_ns} {call_id}")
+    return tuple(out)
 
 
 def termination_reason(

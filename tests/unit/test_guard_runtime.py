@@ -358,3 +358,70 @@ def test_an_enforced_denial_is_scored_loop_guard_before_dispatch() -> None:
     assert summary["guard_before_dispatch"] is True
     assert summary["tool_after_guard"] is False
     assert [e["shape"] for e in events if e["shape"] == "identical_repetition"] == []
+
+
+def _ignoring_integration(span_first: bool) -> tuple[list[Any], Any]:
+    """Two stalled lookups, then a third the guard denies (enforced) and an integration
+    that dispatches it anyway. `span_first`: the framework opened the tool span before
+    asking the guard (its own record of the guarded call, not an execution after it)."""
+    exporter = memory_exporter()
+    lookup = FakeTool("lookup_order", [ORDER])
+    guard = Guard(policy(), fingerprint_key=KEY)
+    tracer = trace.get_tracer("qa-agent")
+    with tracer.start_as_current_span("invoke_agent support"):
+        run = guard.run(agent="support")
+        for _ in range(2):
+            call(run, "lookup_order", lookup, {"order_id": "A12"})
+        attrs = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "lookup_order",
+            "gen_ai.tool.call.id": "ignored-1",
+            "gen_ai.tool.call.arguments": '{"order_id": "A12"}',
+            "gen_ai.tool.call.result": '{"status": "delivered", "version": 7}',
+        }
+        if span_first:
+            with tracer.start_as_current_span("execute_tool lookup_order", attributes=attrs):
+                with trace.use_span(trace.get_current_span()):
+                    pass
+                decision = run.before_tool("lookup_order", {"order_id": "A12"}, "ignored-1")
+        else:
+            decision = run.before_tool("lookup_order", {"order_id": "A12"}, "ignored-1")
+            with tracer.start_as_current_span("execute_tool lookup_order", attributes=attrs):
+                lookup(order_id="A12")  # dispatched although the guard said no
+    assert decision.enforced and decision.action == DENY
+    return exporter.get_finished_spans(), decision
+
+
+def test_a_denied_call_that_still_ran_is_a_guard_ignored_finding() -> None:
+    spans, decision = _ignoring_integration(span_first=False)
+    events, summary = replayed(spans, policy())
+    [ignored] = [e for e in events if e["shape"] == "guard_ignored"]
+    assert ignored["call_ids"] == ["ignored-1"]
+    assert ignored["severity"] == "critical"
+    assert ignored["recommended_action"] == "stop_and_escalate"
+    assert ignored["evidence"]["denied_before_start_ms"] > 0
+    assert summary["guard_ignored"] == 1
+    assert summary["tool_after_guard"] is True and summary["guard_before_dispatch"] is False
+    assert "guard_ignored" not in summary["shapes"]  # not a loop: the run did not loop on it
+
+
+def test_a_framework_span_around_the_guarded_call_is_not_an_execution() -> None:
+    spans, _ = _ignoring_integration(span_first=True)
+    events, summary = replayed(spans, policy())
+    assert [e for e in events if e["shape"] == "guard_ignored"] == []
+    assert summary["guard_ignored"] == 0
+
+
+def test_guard_ignored_events_have_their_own_counter() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from alerts.metrics import Metrics
+
+    spans, _ = _ignoring_integration(span_first=False)
+    events, _ = replayed(spans, policy())
+    metrics = Metrics(CollectorRegistry())
+    for event in events:
+        metrics.observe_event(event)
+    text = metrics.exposition().decode()
+    assert 'loopwatch_guard_ignored_total{prompt_version="v1",tool_name="lookup_order"' in text
+    assert 'shape="guard_ignored"' not in text  # no loop event series

@@ -322,6 +322,8 @@ ATTR_KEYS = _all_keys()
 WORDS = [
     "observe",  # loopwatch.guard.mode: an observe-mode guard decision is no stop
     "enforce",
+    "deny",  # loopwatch.guard.decision
+    "stop",
     "execute_tool",
     "chat",
     "TOOL",
@@ -576,6 +578,8 @@ def requests(draw: st.DrawFn) -> bytes:
                                         "exception.type",
                                         "exception.message",
                                         "loopwatch.guard.mode",
+                                        "loopwatch.guard.decision",
+                                        "loopwatch.guard.call_id",
                                         "message",
                                         "finish_reason",
                                         "content",

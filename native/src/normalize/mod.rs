@@ -78,6 +78,7 @@ mod view;
 use self::calls::*;
 use self::sketch::*;
 use self::spans::*;
+use self::termination::denied_calls;
 use self::spec::*;
 use self::step::*;
 use self::values::*;
@@ -140,7 +141,7 @@ const F_TASK_TYPE: usize = 25;
 const F_RUN_KEY: usize = 26;
 
 /// Step fields in the order this module builds them (checked against detectors.model).
-pub const STEP_FIELDS: [&str; 45] = [
+pub const STEP_FIELDS: [&str; 46] = [
     "run_id",
     "trace_id",
     "span_id",
@@ -186,6 +187,7 @@ pub const STEP_FIELDS: [&str; 45] = [
     "result_sketch",
     "result_items",
     "identity_fp",
+    "denied_calls",
 ];
 
 const TOOL: &str = "tool";
@@ -354,6 +356,7 @@ struct Out {
     result_sketch: Option<String>,
     result_items: String,
     identity_fp: Option<String>,
+    denied_calls: Vec<String>,
 }
 
 struct Facts<'s, 'a> {

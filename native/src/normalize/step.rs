@@ -79,6 +79,7 @@ impl SpanPath {
         o.content_digest = self.content_digest(py, span, &f)?;
         o.is_root = span.parent.is_none();
         o.status_error = span.status_code == STATUS_ERROR;
+        o.denied_calls = denied_calls(span);
         o.service_name = res.service.clone();
         let derived = &profile.derived;
         let mut prompt_version = v(F_PROMPT_VERSION).cloned();
@@ -291,6 +292,7 @@ impl SpanPath {
             opt(py, o.result_sketch),
             s(&o.result_items),
             opt(py, o.identity_fp),
+            PyTuple::new(py, o.denied_calls.iter().map(|x| PyString::new(py, x)))?.into_any(),
         ];
         let mut items = items;
         items[4] = match o.kind {

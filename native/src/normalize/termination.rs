@@ -124,3 +124,35 @@ pub(super) fn last_message_text(doc: &V<'_>) -> Option<String> {
         _ => None,
     }
 }
+
+/// The calls the span's enforced guard decisions kept from being dispatched, as
+/// "<event time ns> <call id>" (streams/spanpath/termination.py `denied_calls`: loop_guard
+/// events not in observe mode, decision deny / reconcile / stop, a non-empty string call
+/// id; distinct ids, in order, at most 8).
+pub(super) fn denied_calls(span: &Span<'_>) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    let mut out: Vec<String> = Vec::new();
+    for e in &span.events {
+        if e.name != "loop_guard" {
+            continue;
+        }
+        let observed =
+            matches!(aget(&e.attrs, "loopwatch.guard.mode"), Some(V::Str(m)) if m == "observe");
+        let enforced = matches!(
+            aget(&e.attrs, "loopwatch.guard.decision"),
+            Some(V::Str(d)) if d == "deny" || d == "reconcile" || d == "stop"
+        );
+        if let Some(V::Str(id)) = aget(&e.attrs, "loopwatch.guard.call_id") {
+            if !observed
+                && enforced
+                && !id.is_empty()
+                && !found.iter().any(|f| f == id.as_ref())
+                && found.len() < 8
+            {
+                found.push(id.to_string());
+                out.push(format!("{} {}", e.time, id));
+            }
+        }
+    }
+    out
+}

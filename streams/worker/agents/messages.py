@@ -114,8 +114,11 @@ def _unmarshal(value: bytes) -> list[Any]:
 
 
 _N_FIELDS = len(STEP_FIELDS)
-_ITEM_FPS = STEP_FIELDS.index("item_fps")
-_TYPES = frozenset({str, int, float, bool, type(None), tuple})  # tuple: item_fps
+# Steps written by the previous release lack the fields added since (they take their
+# defaults): a rolling upgrade reads them.
+_N_OLDEST = STEP_FIELDS.index("identity_fp") + 1
+_TUPLES = tuple(STEP_FIELDS.index(name) for name in ("item_fps", "denied_calls"))
+_TYPES = frozenset({str, int, float, bool, type(None), tuple})  # tuple: item_fps, denied_calls
 
 
 def _steps(items: Any) -> list[Step]:
@@ -126,13 +129,15 @@ def _steps(items: Any) -> list[Step]:
     for values in items:
         if (
             type(values) is not tuple
-            or len(values) != _N_FIELDS
+            or not _N_OLDEST <= len(values) <= _N_FIELDS
             or not _TYPES.issuperset(map(type, values))
         ):
             raise ValueError("steps message: a step is not a tuple of its fields")
-        fps = values[_ITEM_FPS]
-        if type(fps) is not tuple or (fps and not all(type(f) is str for f in fps)):
-            raise ValueError("steps message: item_fps is not a tuple of strings")
+        for at in _TUPLES:
+            if at < len(values):
+                fps = values[at]
+                if type(fps) is not tuple or (fps and not all(type(f) is str for f in fps)):
+                    raise ValueError(f"steps message: {STEP_FIELDS[at]} is not a tuple of strings")
         steps.append(Step(*values))
     return steps
 
