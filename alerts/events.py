@@ -25,9 +25,10 @@ SHAPES = (
     "goal_already_satisfied",
     "duplicate_side_effect",
     "unsafe_side_effect_retry",
-    # not a loop: the platform's check on the in-process guard (detectors/guard_check.py)
-    "guard_ignored",
 )
+# What an event's `shape` can be: the loop shapes, and guard_ignored, the platform's check on
+# the in-process guard (detectors/guard_check.py; not a loop).
+EVENT_SHAPES = (*SHAPES, "guard_ignored")
 EVENT_FIELDS = (
     "event",
     "event_id",

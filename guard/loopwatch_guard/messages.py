@@ -17,7 +17,7 @@ MAX_ARGS_TEXT = 200
 def args_text(args: dict[str, Any], names: tuple[str, ...] | None) -> str:
     """The arguments as the model wrote them (those a contract names, when it does),
     shortened."""
-    shown = {k: args.get(k) for k in names} if names else args
+    shown = {k: args[k] for k in names if k in args} if names else args
     try:
         text = json.dumps(shown, ensure_ascii=False, sort_keys=True, default=str)
     except (TypeError, ValueError):

@@ -150,7 +150,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def shape_limits(items: list[str] | None) -> dict[str, int]:
-    from alerts.events import SHAPES
+    from alerts.events import EVENT_SHAPES as SHAPES
 
     limits: dict[str, int] = {}
     for item in items or []:

@@ -59,7 +59,7 @@ def parse_filter(label: str, text: str) -> str:
     """One `label=value` filter of /loops (`--shape`, `--prompt-version`, `--tool`,
     `--tool-version`): a value as the events carry it, `unknown` for none; a shape must be
     one loopwatch detects."""
-    from alerts.events import SHAPES
+    from alerts.events import EVENT_SHAPES as SHAPES
 
     value = text.strip()
     if not value or len(value) > MAX_FILTER_CHARS:
