@@ -16,6 +16,7 @@ import yaml
 
 from .config_reader import ConfigReader, join
 from .errors import ConfigError
+from .holds import parse_duration
 from .policy_defaults import (
     BUILTIN_PROFILES,
     BUILTIN_PROFILES_FILE,
@@ -141,6 +142,12 @@ class Policy:
     # The in-process guard (guard/loopwatch_guard): observe (decide and record, never
     # block) or enforce; a tool's own `guard:` over it.
     guard_mode: str = "observe"
+    # Holds (detectors/holds.py): the guard's refresh of the active set, whether side-effect
+    # calls fail closed while the holds API cannot be reached, and a hold's TTL.
+    holds_refresh_seconds: float = 5.0
+    side_effects_fail_closed: bool = False
+    hold_default_ttl_seconds: float = 2 * 3600.0
+    hold_max_ttl_seconds: float = 24 * 3600.0
 
     def limits_for(self, task_type: str | None) -> Limits:
         if task_type is not None:
@@ -241,6 +248,7 @@ _TOP_KEYS = {
     "prices",
     "similarity",
     "guard",
+    "holds",
 }
 GUARD_MODES = ("observe", "enforce")
 
@@ -456,9 +464,30 @@ def policy_from_mapping(raw: Any, source: str = "<policy>") -> Policy:
             )
     kw["tools"] = tools
     if "guard" in m:
-        g = r.mapping(m["guard"], "guard", {"mode"})
+        g = r.mapping(
+            m["guard"], "guard", {"mode", "holds_refresh_seconds", "side_effects_fail_closed"}
+        )
         if "mode" in g:
             kw["guard_mode"] = _guard_mode(r, g["mode"], "guard.mode")
+        if "holds_refresh_seconds" in g:
+            seconds = r.number(g["holds_refresh_seconds"], "guard.holds_refresh_seconds")
+            if seconds < 0.1:
+                raise r.fail("guard.holds_refresh_seconds", "at least 0.1 seconds", seconds)
+            kw["holds_refresh_seconds"] = seconds
+        if "side_effects_fail_closed" in g:
+            kw["side_effects_fail_closed"] = r.boolean(
+                g["side_effects_fail_closed"], "guard.side_effects_fail_closed"
+            )
+    if "holds" in m:
+        h = r.mapping(m["holds"], "holds", {"default_ttl", "max_ttl"})
+        for key, name in (
+            ("default_ttl", "hold_default_ttl_seconds"),
+            ("max_ttl", "hold_max_ttl_seconds"),
+        ):
+            if key in h:
+                kw[name] = parse_duration(h[key], f"{source}: holds.{key}")
+        if kw.get("hold_default_ttl_seconds", 7200.0) > kw.get("hold_max_ttl_seconds", 86400.0):
+            raise ConfigError(f"{source}: holds.default_ttl: longer than holds.max_ttl")
     _check_enforced_side_effects(source, kw.get("guard_mode", "observe"), tools)
     kw["reconcile_tools"] = frozenset(c.reconcile_tool for c in tools.values() if c.reconcile_tool)
     for key in ("transient_error_codes", "ambiguous_error_codes", "missing_data_codes"):

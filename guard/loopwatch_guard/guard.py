@@ -110,13 +110,22 @@ class Guard:
                 "loopwatch_guard: LOOPWATCH_FINGERPRINT_KEY is not set: fingerprints are "
                 "unkeyed SHA-256 (set the worker's key so both give the same ids)"
             )
+        policy = load_policy(path)
+        holds = None
         if holds_url is not None:
-            raise NotImplementedError(
-                "loopwatch_guard: holds_url: holds are not in this version of the guard yet"
+            from .holds import HoldsClient  # (the one module that makes network calls)
+
+            holds = HoldsClient(
+                holds_url,
+                token=os.environ.get("LOOPWATCH_API_TOKEN") or None,
+                refresh_seconds=policy.holds_refresh_seconds,
+                side_effects_fail_closed=policy.side_effects_fail_closed,
             )
+            holds.start()
         return cls(
-            load_policy(path),
+            policy,
             fingerprint_key=key.encode("utf-8") if key else None,
+            holds=holds,
             **kwargs,
         )
 
@@ -368,7 +377,7 @@ class GuardRun:
             if hold is not None:
                 decision = make(
                     STOP if hold.scope_is_run else DENY,
-                    reason=f"hold {hold.id}",
+                    reason=f"on hold ({hold.id})",
                     message=messages.for_hold(hold.reason, hold.id),
                     hold_id=hold.id,
                     recovery="stop_and_escalate",

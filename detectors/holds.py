@@ -1,0 +1,177 @@
+"""Holds: containment the on-call places (`loopwatch hold add`), enforced by the in-process
+guard. Pure: what a hold is, which calls it matches, when it is active. The worker keeps
+them (a compacted topic of their own); the guard fetches the active ones in the background
+and matches each proposed call in memory.
+
+A hold's scope is any of `service`, `agent`, `prompt_version`, `tool` (with `tool_version`)
+or `side_effects` (every tool whose contract says `side_effect: true`), or `run` (one run: a
+run hold stops it). Every field given must equal the call's; a scope with none is refused
+(a hold must not match everything). A hold always expires (`ttl`, at most the policy's
+maximum); a released hold stays in the record with who released it and when.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+SCOPE_FIELDS = ("service", "agent", "prompt_version", "tool", "tool_version", "side_effects", "run")
+MAX_TEXT = 512  # reason, by, scope values
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+class HoldError(ConfigError):
+    """A hold that cannot be placed or released as asked (one line, exit 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    service: str | None = None
+    agent: str | None = None
+    prompt_version: str | None = None
+    tool: str | None = None
+    tool_version: str | None = None
+    side_effects: bool = False
+    run: str | None = None
+
+    def describe(self) -> str:
+        """What the hold matches, in words."""
+        parts = []
+        if self.run is not None:
+            parts.append(f"every call of run {self.run}")
+        elif self.side_effects:
+            parts.append("every side-effect tool call")
+        elif self.tool is not None:
+            version = f" version {self.tool_version}" if self.tool_version else ""
+            parts.append(f"calls of tool {self.tool}{version}")
+        else:
+            parts.append("every tool call")
+        for name in ("service", "agent", "prompt_version"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name.replace('_', ' ')} {value}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    id: str
+    scope: Scope
+    reason: str
+    by: str
+    created_ns: int
+    expires_ns: int
+    released_ns: int | None = None
+    released_by: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scope_is_run(self) -> bool:
+        return self.scope.run is not None
+
+    def active(self, now_ns: int) -> bool:
+        return self.released_ns is None and now_ns < self.expires_ns
+
+    def status(self, now_ns: int) -> str:
+        if self.released_ns is not None:
+            return "released"
+        return "active" if now_ns < self.expires_ns else "expired"
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["scope"] = {k: v for k, v in asdict(self.scope).items() if v not in (None, False)}
+        doc.pop("extra", None)
+        return doc
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'90s', '15m', '2h', '1d' or seconds as a number."""
+    found = _DURATION.match(str(text))
+    if not found or float(found.group(1)) <= 0:
+        raise HoldError(f"{what}: expected a duration like 30m, 2h or 1d, got {text!r}")
+    return float(found.group(1)) * _UNIT[found.group(2)]
+
+
+def scope_from(doc: Any) -> Scope:
+    """A scope from a JSON object; a clear HoldError for anything else."""
+    if not isinstance(doc, dict):
+        raise HoldError("scope: expected an object with any of " + ", ".join(SCOPE_FIELDS))
+    unknown = sorted(set(doc) - set(SCOPE_FIELDS))
+    if unknown:
+        raise HoldError(
+            f"scope: unknown field {unknown[0]!r}; expected any of " + ", ".join(SCOPE_FIELDS)
+        )
+    values: dict[str, Any] = {}
+    for name in SCOPE_FIELDS:
+        value = doc.get(name)
+        if value is None or value == "":
+            continue
+        if name == "side_effects":
+            if not isinstance(value, bool):
+                raise HoldError("scope.side_effects: expected true or false")
+            values[name] = value
+            continue
+        if not isinstance(value, str) or len(value) > MAX_TEXT:
+            raise HoldError(f"scope.{name}: expected a string of at most {MAX_TEXT} characters")
+        values[name] = value
+    scope = Scope(**values)
+    if scope.tool_version is not None and scope.tool is None:
+        raise HoldError("scope.tool_version: needs scope.tool")
+    if scope.side_effects and scope.tool is not None:
+        raise HoldError(
+            "scope: side_effects and tool exclude each other (side_effects: every side-effect tool)"
+        )
+    if scope == Scope():
+        raise HoldError(
+            "scope: a hold needs at least one of "
+            + ", ".join(SCOPE_FIELDS)
+            + " (a hold that matches every call is refused)"
+        )
+    return scope
+
+
+def hold_from(doc: Any) -> Hold:
+    """A hold as the worker stores and serves it (Hold.to_doc)."""
+    if not isinstance(doc, dict):
+        raise HoldError("hold: expected an object")
+    try:
+        return Hold(
+            id=str(doc["id"]),
+            scope=scope_from(doc.get("scope", {})),
+            reason=str(doc.get("reason", "")),
+            by=str(doc.get("by", "")),
+            created_ns=int(doc["created_ns"]),
+            expires_ns=int(doc["expires_ns"]),
+            released_ns=int(doc["released_ns"]) if doc.get("released_ns") is not None else None,
+            released_by=str(doc["released_by"]) if doc.get("released_by") is not None else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HoldError(f"hold: missing or bad field ({exc})") from None
+
+
+def matches(
+    hold: Hold,
+    *,
+    run_id: str,
+    tool: str,
+    tool_version: str | None,
+    service: str | None,
+    agent: str | None,
+    prompt_version: str | None,
+    side_effect: bool,
+) -> bool:
+    """Whether a proposed call falls under the hold (every field of its scope equal)."""
+    s = hold.scope
+    return (
+        (s.run is None or s.run == run_id)
+        and (s.tool is None or s.tool == tool)
+        and (s.tool_version is None or s.tool_version == tool_version)
+        and (not s.side_effects or side_effect)
+        and (s.service is None or s.service == service)
+        and (s.agent is None or s.agent == agent)
+        and (s.prompt_version is None or s.prompt_version == prompt_version)
+    )
