@@ -122,9 +122,7 @@ def scope_from(doc: Any) -> Scope:
     if scope.tool_version is not None and scope.tool is None:
         raise HoldError("scope.tool_version: needs scope.tool")
     if scope.side_effects and scope.tool is not None:
-        raise HoldError(
-            "scope: side_effects and tool exclude each other (side_effects: every side-effect tool)"
-        )
+        raise HoldError("scope.side_effects: holds every side-effect tool already; drop scope.tool")
     if scope == Scope():
         raise HoldError(
             "scope: a hold needs at least one of "

@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=10.0, help="seconds to wait for the API (default 10)"
     )
     p.set_defaults(func=_lazy("streams.cli.query", "cmd_query"))
+    from streams.cli.hold import add_parser as add_hold
+
+    add_hold(sub, _lazy)
     return parser
 
 

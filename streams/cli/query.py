@@ -157,13 +157,27 @@ class ApiClient:
     def get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, bytes, Any]:
         """(status, body, parsed JSON) of a 2xx answer. HTTPError is raised for 4xx/5xx so
         the caller can map a 404; everything else becomes a LoopwatchError here."""
+        return self.send("GET", path, params)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> tuple[int, bytes, Any]:
+        """`get` for any method; `body` is sent as JSON."""
         url = self.base_url + path
         if params:
             url += "?" + urllib.parse.urlencode(params)
         headers = {"Accept": "application/json", "User-Agent": "loopwatch-query"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(url, headers=headers, method="GET")
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
             with self.opener.open(request, timeout=self.timeout) as response:
                 status = response.status

@@ -17,9 +17,11 @@ from detectors.policy import Policy
 from streams.spanpath.normalize import Normalizer
 from streams.worker import faust_internals
 from streams.worker.agents.timers import release_free_memory
+from streams.worker.api.holds import wire_holds
 from streams.worker.api.views import Views
 from streams.worker.kafka.broker import BROKER_PROBE_SECONDS
 from streams.worker.service import Worker
+from streams.worker.state.holds import HoldBook
 from streams.worker.state.store import Tables
 
 log = logging.getLogger("loopwatch.worker")
@@ -269,6 +271,14 @@ class LoopwatchService:
             versions=self.versions,
             version_counts=version_counts_raw,
         ).wire()
+        self.holds = HoldBook(
+            s.bootstrap,
+            s.holds_topic,
+            default_ttl_seconds=policy.hold_default_ttl_seconds,
+            max_ttl_seconds=policy.hold_max_ttl_seconds,
+        )
+        self.holds.start()
+        wire_holds(app, self.holds, s.api_token)
 
     def assigned_partitions(self) -> set[int]:
         actives = self.app.assignor.assigned_actives()

@@ -50,6 +50,9 @@ variable                                  default                     meaning
 ``LOOPWATCH_DEAD_LETTER_TOPIC``           ``loopwatch-dead-letters``  undecodable input records
 ``LOOPWATCH_STEPS_TOPIC``                 ``loopwatch-steps``         internal: steps by run id
                                                                       (and the worker's timer ticks)
+``LOOPWATCH_HOLDS_TOPIC``                 ``loopwatch-holds``         the on-call's holds (compacted,
+                                                                      one partition; every worker
+                                                                      reads all of it)
 ``LOOPWATCH_STEPS_GROUPING``              ``partition``               ``partition``: one internal
                                                                       message per destination
                                                                       partition per input record
@@ -184,6 +187,7 @@ class WorkerSettings:
     runs_topic: str = "loop_runs"
     dead_letter_topic: str = "loopwatch-dead-letters"
     steps_topic: str = "loopwatch-steps"
+    holds_topic: str = "loopwatch-holds"
     steps_grouping: str = "partition"
     dlq_capture_payload: bool = False
     api_token: str | None = None
@@ -289,6 +293,7 @@ class WorkerSettings:
             "runs_topic": reader.topic("LOOPWATCH_RUNS_TOPIC", d.runs_topic),
             "dead_letter_topic": reader.topic("LOOPWATCH_DEAD_LETTER_TOPIC", d.dead_letter_topic),
             "steps_topic": reader.topic("LOOPWATCH_STEPS_TOPIC", d.steps_topic),
+            "holds_topic": reader.topic("LOOPWATCH_HOLDS_TOPIC", d.holds_topic),
             "steps_grouping": reader.choice(
                 "LOOPWATCH_STEPS_GROUPING", d.steps_grouping, GROUPINGS
             ),
@@ -367,6 +372,7 @@ class WorkerSettings:
             "LOOPWATCH_RUNS_TOPIC": self.runs_topic,
             "LOOPWATCH_DEAD_LETTER_TOPIC": self.dead_letter_topic,
             "LOOPWATCH_STEPS_TOPIC": self.steps_topic,
+            "LOOPWATCH_HOLDS_TOPIC": self.holds_topic,
         }
         seen: dict[str, str] = {}
         for var, name in names.items():

@@ -24,7 +24,8 @@ answers), ``/metrics``, the worker's debug log, and (a weaker check: rocksdb may
 the files of the table store. The input topic itself must contain the canaries (proof
 that the scan would see them).
 
-Also: the API is read-only (POST/PUT/PATCH/DELETE answer 404 or 405, never 2xx), listens on
+Also: the API is read-only but for the holds (POST/PUT/PATCH/DELETE answer 404 or 405, never
+2xx; POST /holds and DELETE /holds/{id} need the token: 401 without it), listens on
 127.0.0.1 only by default (the listening socket in /proc/net/tcp{,6}; a connection to the
 machine's non-loopback addresses is refused), the bearer token is enforced when set (and
 never echoed), malformed query parameters get 400 and odd run ids never a 5xx.
@@ -339,6 +340,27 @@ def test_api_is_read_only(sides: tuple[Canaries, list[Side]], method: str) -> No
         # and nothing changed: the run is still there, finished
         assert _api_json(side, f"/runs/{run_id}")["finished"] is True
     print(f"\n{method}: {dict(seen)}")
+
+
+@pytest.mark.parametrize("method", ["POST", "DELETE"])
+def test_the_only_writes_are_holds_and_they_need_the_token(
+    sides: tuple[Canaries, list[Side]], method: str
+) -> None:
+    """Issue 38: /holds (POST) and /holds/{id} (DELETE) are the API's only writes. Without the
+    token, or with a wrong one: 401. With it, the canary's body (no scope) and an unknown id
+    are refused too (400 / 404): nothing is written either way."""
+    _c, both = sides
+    for side in both:
+        path = "/holds" if method == "POST" else "/holds/hold-unknown"
+        for token in (None, "wrong-token"):
+            status, text = call(side, path, method=method, token=token)
+            assert status == 401, (side.name, method, token, status, text[:200])
+        status, text = call(side, path, method=method, token=side.token)
+        # a worker without a token takes no writes at all
+        expected = (400, 404) if side.token else (401,)
+        assert status in expected, (side.name, method, status, text[:200])
+        status, text = call(side, "/holds?all=1", token=side.token)
+        assert status == 200 and json.loads(text)["holds"] == [], text[:300]
 
 
 def _listeners(port: int) -> list[str]:

@@ -69,6 +69,7 @@ class WorkerProc:
             "events": f"lwtest-{tag}-loop-detected",
             "runs": f"lwtest-{tag}-loop-runs",
             "dead": f"lwtest-{tag}-dead-letters",
+            "holds": f"lwtest-{tag}-holds",
         }
         self.web_port = free_port()
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWATCH_")}
@@ -82,6 +83,7 @@ class WorkerProc:
             "LOOPWATCH_EVENTS_TOPIC": self.topics["events"],
             "LOOPWATCH_RUNS_TOPIC": self.topics["runs"],
             "LOOPWATCH_DEAD_LETTER_TOPIC": self.topics["dead"],
+            "LOOPWATCH_HOLDS_TOPIC": self.topics["holds"],
             "LOOPWATCH_STORE": "memory://",
             "LOOPWATCH_DATA_DIR": str(workdir / "data"),
             "LOOPWATCH_WEB_PORT": str(self.web_port),

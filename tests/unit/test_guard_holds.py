@@ -58,7 +58,7 @@ def test_a_scope_must_name_something_and_only_known_fields() -> None:
         scope_from({"team": "x"})
     with pytest.raises(HoldError, match="tool_version: needs scope.tool"):
         scope_from({"tool_version": "3"})
-    with pytest.raises(HoldError, match="exclude each other"):
+    with pytest.raises(HoldError, match="every side-effect tool already"):
         scope_from({"tool": "issue_refund", "side_effects": True})
     assert scope_from({"prompt_version": "v12", "side_effects": True}).describe() == (
         "every side-effect tool call, prompt version v12"

@@ -145,6 +145,9 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
             s.partitions,
             {"cleanup.policy": "delete", "retention.ms": out_ms},
         ),
+        # the on-call's holds: the durable state and the audit trail (streams/worker/state/
+        # holds.py); one partition, every worker reads it whole
+        TopicSpec(s.holds_topic, 1, dict(compact)),
     ] + [
         TopicSpec(s.changelog_topic(table), n_detect, dict(changelogs[table]), copartitioned=True)
         for table in TABLES
