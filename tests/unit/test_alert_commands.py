@@ -87,3 +87,35 @@ def test_loop_alerts_ask_for_loops() -> None:
     assert loop_alerts
     for rule in loop_alerts:
         assert rule["annotations"]["query"].startswith("loopwatch query loops "), rule["alert"]
+
+
+CONTAINED = [r for r in alerts() if "contain" in r["annotations"]]
+
+
+@pytest.mark.parametrize(
+    "rule", CONTAINED, ids=[f"{r['alert']}-{i}" for i, r in enumerate(CONTAINED)]
+)
+def test_the_contain_annotation_places_the_alerts_hold(
+    rule: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38: `contain` is `loopwatch hold add` with the alert's labels: it parses, passes
+    the hold checks, and asks the API for a hold scoped by those labels."""
+    from streams.cli.query import ApiClient
+
+    argv = shlex.split(render(rule["annotations"]["contain"]))
+    assert argv[:3] == ["loopwatch", "hold", "add"]
+    sent: list[Any] = []
+
+    def send(self: Any, method: str, path: str, params: Any = None, body: Any = None) -> Any:
+        sent.append((method, path, body))
+        hold = {"id": "hold-1", "by": body["by"], "expires_ns": 0}
+        return 201, b"{}", {"hold": hold, "matches": "..."}
+
+    monkeypatch.setattr(ApiClient, "send", send)
+    assert main(argv[1:]) == 0, capsys.readouterr().err
+    [(method, path, body)] = sent
+    assert (method, path) == ("POST", "/holds")
+    scope = {k: v for k, v in body["scope"].items() if v}
+    labelled = {LABELS[k] for k in ("prompt_version", "tool_name", "version", "service_name")}
+    assert set(scope.values()) <= labelled | {LABELS["agent_name"], LABELS["tool_version"]}
+    assert scope and body["reason"]
