@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     results["retention"] = retention
     guard = guard_bench.run(400, args.policy)
     results["guard"] = guard
+    guard_held = guard_bench.run(400, args.policy, holds=1000)
+    results["guard_1000_holds"] = guard_held
 
     rows = [
         (
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     rows += retention_bench.rows(retention)
-    rows += guard_bench.rows(guard)
+    rows += guard_bench.rows(guard, guard_held)
     rows.append(
         (
             "replay RSS after each of 10 replays (50k spans, 1 process)",

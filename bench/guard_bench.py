@@ -45,8 +45,37 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(runs: int, policy_path: str | Path) -> dict[str, Any]:
-    guard = Guard(load_policy(policy_path), fingerprint_key=b"bench-key")
+def _holds(n: int) -> Any:
+    """A holds client holding `n` active holds of every kind of scope (none fetched: the
+    set is what a refresh would have swapped in), none of which the bench's calls match
+    but the last: every decision looks them up."""
+    import time as _time
+
+    from loopwatch_guard.holds import HoldsClient
+
+    from detectors.holds import Hold, Scope
+
+    now = _time.time_ns()
+    later = now + 3600 * 10**9
+    scopes = [
+        lambda i: Scope(run=f"held-run-{i}"),
+        lambda i: Scope(tool=f"tool-{i % 50}", prompt_version=f"v{i}"),
+        lambda i: Scope(prompt_version=f"held-v{i}"),
+        lambda i: Scope(side_effects=True, service=f"svc-{i}"),
+    ]
+    client = HoldsClient("http://127.0.0.1:9")  # never started: no request is made
+    client.holds = tuple(
+        Hold(f"hold-{i}", scopes[i % 4](i), "bench", "bench", now, later) for i in range(n)
+    )
+    return client
+
+
+def run(runs: int, policy_path: str | Path, holds: int = 0) -> dict[str, Any]:
+    guard = Guard(
+        load_policy(policy_path),
+        fingerprint_key=b"bench-key",
+        holds=_holds(holds) if holds else None,
+    )
     rng = random.Random(37)
     before: list[float] = []
     after: list[float] = []
@@ -70,6 +99,7 @@ def run(runs: int, policy_path: str | Path) -> dict[str, Any]:
         sizes.append(guarded.state_bytes())
         guard.end(guarded.run_id)
     return {
+        "holds": holds,
         "runs": runs,
         "steps_per_run": STEPS,
         "before_tool_us_median": statistics.median(before),
@@ -82,8 +112,8 @@ def run(runs: int, policy_path: str | Path) -> dict[str, Any]:
     }
 
 
-def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
-    return [
+def rows(result: dict[str, Any], held: dict[str, Any] | None = None) -> list[tuple[str, str, str]]:
+    out = [
         (
             "guard: before_tool (the decision), median / p99",
             f"{result['before_tool_us_median']:,.1f} / {result['before_tool_us_p99']:,.1f} us",
@@ -101,9 +131,18 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             "its RunState serialized + last outcomes + calls in flight",
         ),
     ]
+    if held is not None:
+        out.append(
+            (
+                f"guard: before_tool with {held['holds']:,} active holds, median / p99",
+                f"{held['before_tool_us_median']:,.1f} / {held['before_tool_us_p99']:,.1f} us",
+                "holds filed by run, tool, prompt version, service or agent when fetched; matched in memory",
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":
-    out = run(400, Path(__file__).resolve().parents[1] / "examples" / "loopwatch.yaml")
-    for row in rows(out):
+    policy = Path(__file__).resolve().parents[1] / "examples" / "loopwatch.yaml"
+    for row in rows(run(400, policy), run(400, policy, holds=1000)):
         print(" | ".join(row))

@@ -45,7 +45,8 @@ class HoldsClient:
         self.side_effects_fail_closed = side_effects_fail_closed
         self.timeout = timeout
         self.clock = clock
-        self.holds: tuple[Hold, ...] = ()
+        self._holds: tuple[Hold, ...] = ()
+        self._index: _Index = _index(())
         self.etag: str | None = None
         self.fresh = False  # the last refresh got an answer
         self.failures = 0  # refreshes that got none
@@ -53,6 +54,15 @@ class HoldsClient:
         self._logged_ns: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def holds(self) -> tuple[Hold, ...]:
+        return self._holds
+
+    @holds.setter
+    def holds(self, holds: tuple[Hold, ...]) -> None:
+        # one swap of (set, index): the decision path reads either the old or the new pair
+        self._index, self._holds = _index(holds), holds
 
     # ------------------------------------------------------------------ background
 
@@ -82,8 +92,8 @@ class HoldsClient:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body = json.loads(response.read())
-                holds = tuple(hold_from(doc) for doc in body.get("holds", ()))
-                self.holds, self.etag = holds, response.headers.get("ETag")
+                self.holds = tuple(hold_from(doc) for doc in body.get("holds", ()))
+                self.etag = response.headers.get("ETag")
         except urllib.error.HTTPError as exc:
             if exc.code != 304:
                 return self._failed(f"HTTP {exc.code}")
@@ -122,7 +132,12 @@ class HoldsClient:
         contract = run.policy.tools.get(step.name)
         side_effect = bool(contract is not None and contract.side_effect)
         now = self.clock()
-        for hold in self.holds:
+        filed, side = self._index
+        values = (run.run_id, step.name, run.prompt_version, run.service, run.agent)
+        candidates = [filed[at].get(v, ()) for at, v in enumerate(values) if v is not None]
+        if side_effect:
+            candidates.append(side)
+        for hold in (h for group in candidates for h in group):
             if hold.active(now) and matches(
                 hold,
                 run_id=run.run_id,
@@ -144,3 +159,24 @@ class HoldsClient:
                 now + 1,
             )
         return None
+
+
+# A hold filed under the first of its scope's run, tool, prompt version, service, agent
+# (side-effect holds that name none of them: a list): a call is matched against the holds
+# that can name it, not all of them (1,000 active holds: make bench).
+_KEYS = ("run", "tool", "prompt_version", "service", "agent")
+_Index = tuple[tuple[dict[str, list[Hold]], ...], list[Hold]]
+
+
+def _index(holds: tuple[Hold, ...]) -> _Index:
+    filed: tuple[dict[str, list[Hold]], ...] = tuple({} for _ in _KEYS)
+    side: list[Hold] = []
+    for hold in holds:
+        for at, key in enumerate(_KEYS):
+            value = getattr(hold.scope, key)
+            if value is not None:
+                filed[at].setdefault(value, []).append(hold)
+                break
+        else:
+            side.append(hold)  # side_effects alone
+    return filed, side

@@ -262,3 +262,63 @@ def test_side_effects_can_fail_closed_while_the_api_is_unreachable() -> None:
     assert (refund.action, refund.hold_id) == (DENY, UNREACHABLE)
     assert run.before_tool("lookup_order", {"order_id": "A1"}, "c2").action == "allow"
     client.stop()
+
+
+def test_the_index_finds_what_a_scan_of_every_hold_finds() -> None:
+    """The client files holds by run, tool, prompt version, service or agent: on random
+    holds and calls it answers as matching every hold in turn would."""
+    import random
+
+    from detectors.model import TOOL, Step
+
+    rng = random.Random(38)
+    pick = lambda *xs: rng.choice(xs)  # noqa: E731
+    now = time.time_ns()
+    holds = []
+    for i in range(300):
+        scope: dict[str, Any] = {}
+        for name, values in (
+            ("run", ("r1", "r2")),
+            ("tool", ("lookup_order", "issue_refund")),
+            ("prompt_version", ("v1", "v2")),
+            ("service", ("s1", "s2")),
+            ("agent", ("a1", "a2")),
+        ):
+            if rng.random() < 0.25:
+                scope[name] = pick(*values)
+        if rng.random() < 0.3 and "tool" not in scope:
+            scope["side_effects"] = True
+        if not scope:
+            scope["agent"] = "a1"
+        holds.append(Hold(f"h{i}", scope_from(scope), "", "", now, now + pick(-1, 10**12)))
+    client = HoldsClient("http://127.0.0.1:9")
+    client.holds = tuple(holds)
+    guard = guarded(client)
+    for _ in range(500):
+        run = guard.run(
+            pick("r1", "r2", "r3"),
+            service=pick("s1", "s2", None),
+            agent=pick("a1", "a2", None),
+            prompt_version=pick("v1", "v2", None),
+        )
+        step = Step(run.run_id, "t", "s", None, TOOL, 0, 0)
+        step.name = pick("lookup_order", "issue_refund", "get_refund_status")
+        side = step.name == "issue_refund"
+        found = client.match(run, step)
+        expected = {
+            h.id
+            for h in holds
+            if h.active(time.time_ns())
+            and matches(
+                h,
+                run_id=run.run_id,
+                tool=step.name,
+                tool_version=None,
+                service=run.service,
+                agent=run.agent,
+                prompt_version=run.prompt_version,
+                side_effect=side,
+            )
+        }
+        assert (found.id if found else None) in (expected or {None}), (found, expected)
+        guard.end(run.run_id)
