@@ -17,7 +17,7 @@ from detectors.policy import Policy
 from streams.spanpath.normalize import Normalizer
 from streams.worker import faust_internals
 from streams.worker.agents.timers import release_free_memory
-from streams.worker.api.holds import wire_holds
+from streams.worker.api.holds import wire_holds, wire_verdicts
 from streams.worker.api.views import Views
 from streams.worker.kafka.broker import BROKER_PROBE_SECONDS
 from streams.worker.service import Worker
@@ -279,6 +279,7 @@ class LoopwatchService:
         )
         self.holds.start()
         wire_holds(app, self.holds, s.api_token)
+        wire_verdicts(app, self.runs, self.retained, self.holds, s.api_token)
 
     def assigned_partitions(self) -> set[int]:
         actives = self.app.assignor.assigned_actives()

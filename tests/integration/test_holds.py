@@ -208,3 +208,34 @@ def test_a_hold_survives_a_worker_restart_and_the_guard_fails_open_meanwhile(
         time.sleep(0.2)
     assert hold_id in {h["id"] for h in doc["holds"]}
     hold(worker, "release", hold_id)
+
+
+def test_a_runs_verdict_for_dispatchers_without_the_guard(setup: dict[str, Any]) -> None:
+    """GET /verdicts/RUN: looping (the episode's shape and event id) once the worker saw the
+    loop; held once a run hold names it; unknown for a run nobody saw."""
+    from tests.otlp_build import encode_request
+    from tests.spankit import Run
+
+    worker = setup["worker"]
+    run = Run(trace=0x38A)
+    for _ in range(3):
+        run.tool("lookup_order", {"order_id": "A12"}, {"status": "delivered", "version": 7})
+    worker.produce([(None, encode_request(run.spans))])
+    deadline = time.monotonic() + 30
+    doc: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        status, doc = worker.api(f"/verdicts/{run.trace_id}", token=TOKEN)
+        if status == 200 and doc["verdict"] == "looping":
+            break
+        time.sleep(0.3)
+    assert doc["verdict"] == "looping", doc
+    assert [loop["shape"] for loop in doc["loops"]] == ["identical_repetition"]
+    assert len(doc["loops"][0]["event_id"]) == 32
+    placed = hold(worker, "add", "--run", run.trace_id, "--reason", "stop it")
+    assert placed.returncode == 0, placed.stderr
+    status, doc = worker.api(f"/verdicts/{run.trace_id}", token=TOKEN)
+    assert doc["verdict"] == "held" and doc["holds"][0]["stops_run"] is True
+    status, doc = worker.api("/verdicts/0123456789abcdef0123456789abcdef", token=TOKEN)
+    assert (status, doc["verdict"], doc["found"]) == (200, "unknown", False)
+    assert worker.api(f"/verdicts/{run.trace_id}")[0] == 401  # the token, as every read
+    hold(worker, "release", placed.stdout.split()[0])

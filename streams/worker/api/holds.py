@@ -1,9 +1,11 @@
-"""The on-call API's holds (docs/CONTRACTS.md §7): ``GET /holds`` (the active ones; ``?all=1``
+"""The on-call API's holds (docs/CONTRACTS.md §7) and verdicts: ``GET /holds`` (the active ones; ``?all=1``
 also released and expired: the audit trail), ``POST /holds`` (place one), ``GET`` /
 ``DELETE /holds/{id}`` (one; release it). The only writes the API has, and only with the
 bearer token (``LOOPWATCH_API_TOKEN``): a worker without a token refuses them all (401,
 nothing written). Reading needs the token only when one is configured. ``GET /holds``
-answers with an ETag and a 304 to ``If-None-Match``: the guards ask every few seconds."""
+answers with an ETag and a 304 to ``If-None-Match``: the guards ask every few seconds.
+``GET /verdicts/{run}``: is the run held, has it looped (routed to the worker that owns the
+run, as ``/runs/{id}``): for dispatchers without the guard."""
 
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ from typing import Any
 
 from faust.web import View
 
-from detectors.holds import HoldError, parse_duration, scope_from
+from detectors.holds import Hold, HoldError, parse_duration, scope_from
+from detectors.model import GUARD_IGNORED
+from detectors.recovery import event_id
 from streams.errors import BrokerError
 from streams.worker.api.answers import check_bearer
+from streams.worker.state import retained
 from streams.worker.state.holds import HoldBook
+from streams.worker.state.store import decode_envelope
 
 UNAUTHORIZED = {
     "error": "placing or releasing a hold needs the bearer token (Authorization: Bearer <token>, "
@@ -102,3 +108,118 @@ def wire_holds(app: Any, book: HoldBook, token: str | None) -> None:
 
     app.page("/holds")(HoldsPage)
     app.page("/holds/{hold_id}")(HoldPage)
+
+
+def verdict(
+    run_id: str,
+    raw_state: bytes | None,
+    kept: dict[str, Any] | None,
+    holds: list[Hold],
+) -> dict[str, Any]:
+    """GET /verdicts/{run}: whether the run is held and whether it looped, from the worker's
+    own state (the run's state while it runs, what was kept of it once finished): what a
+    dispatcher without the guard asks before a tool call. `verdict`: `held` (a hold stops
+    the run), `looping` (an episode fired), `clean` (none yet), `unknown` (no such run)."""
+    loops: list[dict[str, Any]] = []
+    labels: dict[str, Any] = {}
+    finished = kept is not None
+    if raw_state is not None:
+        _env, state = decode_envelope(raw_state)
+        for marker in state.fired:
+            shape, _, key = marker.partition("|")
+            if shape == GUARD_IGNORED:
+                continue
+            loops.append(
+                {
+                    "shape": shape,
+                    "event_id": event_id(run_id, shape, key),
+                    "trigger_ns": state.trigger_ns.get(shape),
+                }
+            )
+        labels = {
+            "service": state.service_name,
+            "agent": state.agent_name,
+            "prompt_version": state.prompt_version,
+        }
+    elif kept is not None:
+        summary = kept.get("summary") or {}
+        for event in kept.get("events", []):
+            if event.get("shape") != GUARD_IGNORED:
+                loops.append(
+                    {
+                        "shape": event.get("shape"),
+                        "event_id": event.get("event_id"),
+                        "trigger_span_id": event.get("trigger_span_id"),
+                    }
+                )
+        labels = {
+            "service": summary.get("service_name"),
+            "agent": summary.get("agent_name"),
+            "prompt_version": summary.get("prompt_version"),
+        }
+    found = raw_state is not None or kept is not None
+    applying = [h for h in holds if _applies(h, run_id, labels)]
+    stops = any(h.scope_is_run or _whole_run(h) for h in applying)
+    if stops:
+        answer = "held"
+    elif loops:
+        answer = "looping"
+    else:
+        answer = "clean" if found else "unknown"
+    return {
+        "run_id": run_id,
+        "found": found,
+        "finished": finished,
+        "verdict": answer,
+        "loops": loops,
+        "holds": [
+            {
+                "id": h.id,
+                "reason": h.reason,
+                "matches": h.scope.describe(),
+                "stops_run": h.scope_is_run or _whole_run(h),
+            }
+            for h in applying
+        ],
+    }
+
+
+def _whole_run(hold: Hold) -> bool:
+    """A hold on the run's labels only (no tool, no side-effect filter): every call of it."""
+    s = hold.scope
+    return s.tool is None and not s.side_effects and s.run is None
+
+
+def _applies(hold: Hold, run_id: str, labels: dict[str, Any]) -> bool:
+    s = hold.scope
+    if s.run is not None:
+        return s.run == run_id
+    return all(
+        getattr(s, name) is None or getattr(s, name) == labels.get(name)
+        for name in ("service", "agent", "prompt_version")
+    )
+
+
+def wire_verdicts(
+    app: Any, runs: Any, retained_table: Any, book: HoldBook, token: str | None
+) -> None:
+    async def local(view: Any, request: Any, run_id: str) -> Any:
+        key = run_id.encode("utf-8")
+        raw = runs.get(key)
+        kept_raw = retained_table.get(key) if raw is None else None
+        kept = retained.decode(kept_raw) if kept_raw is not None else None
+        return view.json(verdict(run_id, raw, kept, book.holds()))
+
+    routed = app.table_route(table=runs, match_info="run_id")(local)
+
+    async def page(view: Any, request: Any, run_id: str) -> Any:
+        if not check_bearer(request.headers.get("Authorization"), token):
+            return view.json(
+                {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                status=401,
+            )
+        if not run_id or len(run_id) > 512:
+            return view.json({"error": "run: expected 1 to 512 characters"}, status=400)
+        return await routed(view, request, run_id=run_id)
+
+    app.page("/verdicts/{run_id}")(page)
