@@ -195,6 +195,13 @@ class Metrics:
             ["prompt_version", "tool_name", "tool_version"],
             registry=r,
         )
+        self.hold_violations = Counter(
+            PREFIX + "hold_violations_total",
+            "Tool calls that ran under an active hold of the on-call without a guard "
+            "decision on them: a hold nothing enforces (loopwatch hold add).",
+            ["tool_name", "prompt_version"],
+            registry=r,
+        )
         self.wasted_steps = Counter(
             PREFIX + "wasted_steps_total",
             "Steps spent inside loop episodes after the first repeat.",
@@ -392,6 +399,13 @@ class Metrics:
         self.wasted_tokens.labels(
             shape=shape, prompt_version=prompt_version, tool_name=tool_name
         ).inc(_non_negative(event.get("wasted_tokens")))
+
+    def observe_hold_violation(self, tool_name: Any, prompt_version: Any) -> None:
+        lim = self.limiter.value
+        self.hold_violations.labels(
+            tool_name=lim("tool_name", tool_name),
+            prompt_version=lim("prompt_version", prompt_version),
+        ).inc()
 
     def _version(self, kind: str, version: Any) -> str:
         # the same limiter values as the other metrics' version labels, so rules join

@@ -13,6 +13,7 @@ maximum); a released hold stays in the record with who released it and when.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -173,3 +174,58 @@ def matches(
         and (s.agent is None or s.agent == agent)
         and (s.prompt_version is None or s.prompt_version == prompt_version)
     )
+
+
+class HoldIndex:
+    """Holds filed under the first of their scope's run, tool, prompt version, service or
+    agent (side-effect holds that name none of them: a list of their own), so that a call
+    is matched against the holds that can name it, not all of them (the guard on every
+    decision, the worker on every tool span: 1,000 active holds in `make bench`)."""
+
+    KEYS = ("run", "tool", "prompt_version", "service", "agent")
+
+    def __init__(self, holds: Iterable[Hold]) -> None:
+        self.filed: tuple[dict[str, list[Hold]], ...] = tuple({} for _ in self.KEYS)
+        self.side: list[Hold] = []
+        self.size = 0
+        for hold in holds:
+            self.size += 1
+            for at, key in enumerate(self.KEYS):
+                value = getattr(hold.scope, key)
+                if value is not None:
+                    self.filed[at].setdefault(value, []).append(hold)
+                    break
+            else:
+                self.side.append(hold)  # side_effects alone
+
+    def find(
+        self,
+        *,
+        run_id: str,
+        tool: str,
+        tool_version: str | None,
+        service: str | None,
+        agent: str | None,
+        prompt_version: str | None,
+        side_effect: bool,
+        when: Callable[[Hold], bool] = lambda hold: True,
+    ) -> Hold | None:
+        """The first hold that matches the call and passes `when` (active, say)."""
+        values = (run_id, tool, prompt_version, service, agent)
+        groups = [self.filed[at].get(v, ()) for at, v in enumerate(values) if v is not None]
+        if side_effect:
+            groups.append(self.side)
+        for group in groups:
+            for hold in group:
+                if when(hold) and matches(
+                    hold,
+                    run_id=run_id,
+                    tool=tool,
+                    tool_version=tool_version,
+                    service=service,
+                    agent=agent,
+                    prompt_version=prompt_version,
+                    side_effect=side_effect,
+                ):
+                    return hold
+        return None

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from .detectors.holds import Hold, HoldError, Scope, hold_from, matches
+from .detectors.holds import Hold, HoldError, HoldIndex, Scope, hold_from
 from .detectors.model import Step
 
 log = logging.getLogger("loopwatch_guard")
@@ -46,7 +46,7 @@ class HoldsClient:
         self.timeout = timeout
         self.clock = clock
         self._holds: tuple[Hold, ...] = ()
-        self._index: _Index = _index(())
+        self._index = HoldIndex(())
         self.etag: str | None = None
         self.fresh = False  # the last refresh got an answer
         self.failures = 0  # refreshes that got none
@@ -62,7 +62,7 @@ class HoldsClient:
     @holds.setter
     def holds(self, holds: tuple[Hold, ...]) -> None:
         # one swap of (set, index): the decision path reads either the old or the new pair
-        self._index, self._holds = _index(holds), holds
+        self._index, self._holds = HoldIndex(holds), holds
 
     # ------------------------------------------------------------------ background
 
@@ -132,23 +132,18 @@ class HoldsClient:
         contract = run.policy.tools.get(step.name)
         side_effect = bool(contract is not None and contract.side_effect)
         now = self.clock()
-        filed, side = self._index
-        values = (run.run_id, step.name, run.prompt_version, run.service, run.agent)
-        candidates = [filed[at].get(v, ()) for at, v in enumerate(values) if v is not None]
-        if side_effect:
-            candidates.append(side)
-        for hold in (h for group in candidates for h in group):
-            if hold.active(now) and matches(
-                hold,
-                run_id=run.run_id,
-                tool=step.name,
-                tool_version=step.tool_version,
-                service=run.service,
-                agent=run.agent,
-                prompt_version=run.prompt_version,
-                side_effect=side_effect,
-            ):
-                return hold
+        hold = self._index.find(
+            run_id=run.run_id,
+            tool=step.name,
+            tool_version=step.tool_version,
+            service=run.service,
+            agent=run.agent,
+            prompt_version=run.prompt_version,
+            side_effect=side_effect,
+            when=lambda h: h.active(now),
+        )
+        if hold is not None:
+            return hold
         if side_effect and self.side_effects_fail_closed and not self.fresh:
             return Hold(
                 UNREACHABLE,
@@ -159,24 +154,3 @@ class HoldsClient:
                 now + 1,
             )
         return None
-
-
-# A hold filed under the first of its scope's run, tool, prompt version, service, agent
-# (side-effect holds that name none of them: a list): a call is matched against the holds
-# that can name it, not all of them (1,000 active holds: make bench).
-_KEYS = ("run", "tool", "prompt_version", "service", "agent")
-_Index = tuple[tuple[dict[str, list[Hold]], ...], list[Hold]]
-
-
-def _index(holds: tuple[Hold, ...]) -> _Index:
-    filed: tuple[dict[str, list[Hold]], ...] = tuple({} for _ in _KEYS)
-    side: list[Hold] = []
-    for hold in holds:
-        for at, key in enumerate(_KEYS):
-            value = getattr(hold.scope, key)
-            if value is not None:
-                filed[at].setdefault(value, []).append(hold)
-                break
-        else:
-            side.append(hold)  # side_effects alone
-    return filed, side

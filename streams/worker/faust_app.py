@@ -276,8 +276,10 @@ class LoopwatchService:
             s.holds_topic,
             default_ttl_seconds=policy.hold_default_ttl_seconds,
             max_ttl_seconds=policy.hold_max_ttl_seconds,
+            side_effect=lambda tool: bool((c := policy.tools.get(tool)) and c.side_effect),
         )
         self.holds.start()
+        worker.detect.holds = self.holds
         wire_holds(app, self.holds, s.api_token)
         wire_verdicts(app, self.runs, self.retained, self.holds, s.api_token)
 

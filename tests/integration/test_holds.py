@@ -239,3 +239,35 @@ def test_a_runs_verdict_for_dispatchers_without_the_guard(setup: dict[str, Any])
     assert (status, doc["verdict"], doc["found"]) == (200, "unknown", False)
     assert worker.api(f"/verdicts/{run.trace_id}")[0] == 401  # the token, as every read
     hold(worker, "release", placed.stdout.split()[0])
+
+
+def test_tool_calls_under_a_hold_without_the_guard_are_counted(setup: dict[str, Any]) -> None:
+    """An unguarded agent's tool spans under an active hold: the worker counts them
+    (loopwatch_hold_violations_total, the HoldNotEnforced rule's series); calls of other
+    tools are not counted."""
+    from tests.otlp_build import encode_request
+    from tests.spankit import Run
+
+    worker = setup["worker"]
+    placed = hold(worker, "add", "--tool", "get_export_status", "--reason", "polling storm")
+    assert placed.returncode == 0, placed.stderr
+    before = worker.metric("loopwatch_hold_violations_total")
+    run = Run(trace=0x38B)
+    run.clock = run.start = time.time_ns() + 10**9  # the calls run now, under the hold
+    for _ in range(2):
+        run.tool("get_export_status", {"export_id": "e1"}, {"status": "running"})
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "delivered", "version": 1})
+    worker.produce([(None, encode_request(run.spans))])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if worker.metric("loopwatch_hold_violations_total") >= before + 2:
+            break
+        time.sleep(0.3)
+    text = worker.metrics_text()
+    assert worker.metric("loopwatch_hold_violations_total") == before + 2, text[-2000:]
+    assert "loopwatch_hold_violations_total{prompt_version=" in text
+    assert (
+        'tool_name="lookup_order"'
+        not in text.split("loopwatch_hold_violations_total", 1)[1].split("# HELP", 1)[0]
+    )
+    hold(worker, "release", placed.stdout.split()[0])

@@ -21,7 +21,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
-from detectors.holds import Hold, HoldError, Scope, hold_from
+from detectors.holds import Hold, HoldError, HoldIndex, Scope, hold_from
+from detectors.model import TOOL, Step
 from streams.errors import BrokerError
 
 log = logging.getLogger("loopwatch.holds")
@@ -38,13 +39,16 @@ class HoldBook:
         default_ttl_seconds: float,
         max_ttl_seconds: float,
         clock: Callable[[], int] = time.time_ns,
+        side_effect: Callable[[str], bool] = lambda tool: False,
     ) -> None:
+        self.side_effect = side_effect  # whether a tool's contract says side_effect: true
         self.bootstrap = bootstrap
         self.topic = topic
         self.default_ttl_seconds = default_ttl_seconds
         self.max_ttl_seconds = max_ttl_seconds
         self.clock = clock
         self._holds: dict[str, Hold] = {}
+        self._index: HoldIndex | None = None  # over _holds; None: rebuild on next use
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.loaded = threading.Event()  # the topic was read up to its end once
@@ -105,6 +109,7 @@ class HoldBook:
             return
         hold_id = key.decode("utf-8", "replace")
         with self._lock:
+            self._index = None
             if value is None:  # a tombstone: compaction may drop it; so do we
                 self._holds.pop(hold_id, None)
                 return
@@ -139,6 +144,49 @@ class HoldBook:
     def etag(docs: list[dict[str, Any]]) -> str:
         body = json.dumps(docs, sort_keys=True, separators=(",", ":")).encode()
         return '"' + hashlib.sha256(body).hexdigest()[:24] + '"'
+
+    def unenforced(self, steps: list[Step]) -> list[tuple[Hold, Step]]:
+        """Tool calls that ran under an active hold (started after it was placed, while it
+        held) and whose span carries no guard decision of its own: a hold nothing enforced.
+        The holds that name a tool call's labels only (service, agent, prompt version,
+        run) and those on its tool or on side effects are checked; calls a framework opened
+        a span for and then let the guard deny (the denial on that span) are not counted."""
+        index = self._current_index()
+        if index.size == 0:
+            return []
+        found = []
+        for step in steps:
+            if step.kind != TOOL:
+                continue
+            start = step.start_ns
+
+            def held_then(hold: Hold, start: int = start) -> bool:
+                return hold.created_ns < start < hold.expires_ns and (
+                    hold.released_ns is None or start < hold.released_ns
+                )
+
+            hold = index.find(
+                run_id=step.run_id,
+                tool=step.name,
+                tool_version=step.tool_version,
+                service=step.service_name,
+                agent=step.agent_name,
+                prompt_version=step.prompt_version,
+                side_effect=self.side_effect(step.name),
+                when=held_then,
+            )
+            if hold is not None and not any(
+                d.endswith(f" {step.call_id}") for d in step.denied_calls
+            ):
+                found.append((hold, step))
+        return found
+
+    def _current_index(self) -> HoldIndex:
+        """The index over every hold kept (rebuilt after a change)."""
+        with self._lock:
+            if self._index is None:
+                self._index = HoldIndex(list(self._holds.values()))
+            return self._index
 
     # ------------------------------------------------------------------ writing
 
@@ -205,3 +253,4 @@ class HoldBook:
             )
         with self._lock:  # read your writes; the tail thread brings the same record
             self._holds[hold.id] = hold
+            self._index = None
