@@ -33,9 +33,11 @@ def denied_calls(span: SpanRecord) -> tuple[str, ...]:
             continue
         attrs = event.attributes
         call_id = attrs.get(GUARD_CALL_ID)
+        decision = attrs.get(GUARD_DECISION)  # (any value: a list or a map is no decision)
         if (
             attrs.get(GUARD_MODE) != "observe"
-            and attrs.get(GUARD_DECISION) in ENFORCED_DECISIONS
+            and isinstance(decision, str)
+            and decision in ENFORCED_DECISIONS
             and isinstance(call_id, str)
             and call_id
             and call_id not in found

@@ -269,6 +269,31 @@ def test_termination_mapping_from_exceptions_messages_and_finish_reason():
     assert root(status=STATUS_ERROR, message="something else").termination is None
 
 
+def test_the_guards_decisions_on_a_span():
+    """loopwatch_guard's loop_guard events: an enforced denial names its call (with the
+    event's time); an observe-mode one is no stop and names nothing; a decision that is not
+    a string (a map, a list: found by the differential test) is none."""
+
+    n = normalizer()
+
+    def root(**kw):
+        attrs = {"gen_ai.operation.name": "invoke_agent"}
+        return n.step(span("invoke_agent", attrs, parent=None, **kw))
+
+    def ev(**attrs):
+        return SpanEvent("loop_guard", 9, {f"loopwatch.guard.{k}": v for k, v in attrs.items()})
+
+    enforced = ev(decision="deny", mode="enforce", call_id="c3")
+    step = root(events=[enforced, ev(decision="stop", call_id="c4")])
+    assert step.denied_calls == ("9 c3", "9 c4")
+    assert step.termination == "loop_guard" and step.guard_ns == 9
+    observed = root(events=[ev(decision="deny", mode="observe", call_id="c3")])
+    assert observed.denied_calls == () and observed.termination != "loop_guard"
+    for odd in ({}, ["deny"], 1):
+        assert root(events=[ev(decision=odd, call_id="c3")]).denied_calls == ()
+    assert root(events=[ev(decision="allow", call_id="c3")]).denied_calls == ()
+
+
 def test_run_key_conversation_and_attribute():
     conv = normalizer(run_key="conversation")
     s = span("x", {"gen_ai.conversation.id": "conv-1"})
