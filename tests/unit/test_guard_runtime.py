@@ -425,3 +425,26 @@ def test_guard_ignored_events_have_their_own_counter() -> None:
     text = metrics.exposition().decode()
     assert 'loopwatch_guard_ignored_total{prompt_version="v1",tool_name="lookup_order"' in text
     assert 'shape="guard_ignored"' not in text  # no loop event series
+
+
+def test_a_coroutine_tool_is_guarded_the_same_way() -> None:
+    import asyncio
+
+    from loopwatch_guard import guarded
+
+    memory_exporter()
+    ran: list[str] = []
+
+    @guarded("lookup_order")
+    async def lookup_order(order_id: str) -> dict[str, Any]:
+        ran.append(order_id)
+        return ORDER
+
+    async def agent_loop() -> list[Any]:
+        guard = Guard(policy(), fingerprint_key=KEY)
+        with running(guard.run("async-run")):
+            return [await lookup_order(order_id="A12") for _ in range(3)]
+
+    answers = asyncio.run(agent_loop())
+    assert len(ran) == 2 and str(answers[2]).startswith("Loop guard: lookup_order was not called")
+    assert asyncio.run(lookup_order(order_id="A12")) == ORDER  # outside a run: as is

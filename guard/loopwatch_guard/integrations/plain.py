@@ -101,6 +101,18 @@ def _failed(span: Any, run: GuardRun, decision: Decision, exc: BaseException) ->
     run.after_tool(decision.call_id, error=exc, span_id=_span_hex(span))
 
 
+def _done(span: Any, run: GuardRun, decision: Decision, result: Any) -> None:
+    text = _as_text(result)
+    span.set_attribute("gen_ai.tool.call.result", text)
+    run.after_tool(decision.call_id, result=text, span_id=_span_hex(span))
+
+
+def _span(name: str, decision: Decision, arguments: Any) -> Any:
+    return _tracer.start_as_current_span(
+        f"execute_tool {name}", attributes=_span_attributes(name, decision, arguments)
+    )
+
+
 def _span_hex(span: Any) -> str | None:
     ctx = span.get_span_context()
     return f"{ctx.span_id:016x}" if ctx.is_valid else None
@@ -121,17 +133,13 @@ def call(
     decision = _decide(run, name, arguments, call_id, tool_version)
     if decision.enforced:
         return decision.message
-    with _tracer.start_as_current_span(
-        f"execute_tool {name}", attributes=_span_attributes(name, decision, arguments)
-    ) as span:
+    with _span(name, decision, arguments) as span:
         try:
             result = fn(**(arguments or {}))
         except Exception as exc:
             _failed(span, run, decision, exc)
             raise
-        text = _as_text(result)
-        span.set_attribute("gen_ai.tool.call.result", text)
-        run.after_tool(decision.call_id, result=text, span_id=_span_hex(span))
+        _done(span, run, decision, result)
         return result
 
 
@@ -148,17 +156,13 @@ async def acall(
     decision = _decide(run, name, arguments, call_id, tool_version)
     if decision.enforced:
         return decision.message
-    with _tracer.start_as_current_span(
-        f"execute_tool {name}", attributes=_span_attributes(name, decision, arguments)
-    ) as span:
+    with _span(name, decision, arguments) as span:
         try:
             result = await fn(**(arguments or {}))
         except Exception as exc:
             _failed(span, run, decision, exc)
             raise
-        text = _as_text(result)
-        span.set_attribute("gen_ai.tool.call.result", text)
-        run.after_tool(decision.call_id, result=text, span_id=_span_hex(span))
+        _done(span, run, decision, result)
         return result
 
 
