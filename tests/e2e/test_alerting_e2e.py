@@ -789,6 +789,51 @@ def test_the_loop_counter_carries_a_trace_of_its_latest_event_as_exemplar(
     assert traces & {e["trace_id"] for e in loop_window.expected.events}, data
 
 
+def test_tool_calls_under_a_hold_without_the_guard_raise_hold_not_enforced(
+    loop_window: LoopWindow,
+) -> None:
+    """Issue 38: a hold on `get_export_status` (written to the worker's holds topic, as the
+    API writes it), then an unguarded agent's calls of that tool: the worker counts them and
+    the real Prometheus fires HoldNotEnforced with the tool's and version's labels."""
+    from confluent_kafka import Producer
+
+    from detectors.holds import Hold, Scope
+    from tests.support.kafka import bootstrap
+
+    stack = loop_window.stack
+    assert stack is not None
+    now = time.time_ns()
+    hold = Hold("hold-e2e", Scope(tool="get_export_status"), "e2e", "e2e", now, now + 3600 * 10**9)
+    producer = Producer({"bootstrap.servers": bootstrap()})
+    producer.produce(
+        stack.worker.topics["holds"], key=hold.id.encode(), value=json.dumps(hold.to_doc()).encode()
+    )
+    assert producer.flush(10) == 0
+    wait_for(lambda: stack.worker.api("/holds")[1].get("holds"), 20, "the worker reading the hold")
+    run = Run(trace=0xE2E38, prompt_version="e2e-held-v1")
+    run.clock = run.start = time.time_ns() + 10**9  # the calls run now, under the hold
+    for status in ("queued", "running"):
+        run.tool("get_export_status", {"export_id": "x1"}, {"status": status})
+    run.root()
+    stack.worker.produce([keyed(encode_request(run.spans))])
+
+    def firing() -> list[dict[str, Any]]:
+        return [
+            a
+            for a in stack.prom_alerts()
+            if a["labels"]["alertname"] == "HoldNotEnforced" and a["state"] == "firing"
+        ]
+
+    try:
+        [alert] = wait_for(firing, TIMEOUT, "HoldNotEnforced firing in Prometheus")
+    except BaseException:
+        print(stack.diagnostics())
+        raise
+    assert alert["labels"]["tool_name"] == "get_export_status"
+    assert alert["labels"]["prompt_version"] == "e2e-held-v1"
+    assert alert["labels"]["severity"] == "page"
+
+
 def test_finished_runs_stay_open_after_the_worker_restarts(loop_window: LoopWindow) -> None:
     """Last in this module: the worker restarts from its local state and changelogs."""
     stack = loop_window.stack
