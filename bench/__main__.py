@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         lat = e2e_bench.latency(args.latency_rate, args.latency_seconds)
         lat_keyed = e2e_bench.latency(args.latency_rate, args.latency_seconds, keyed=True)
         mem = e2e_bench.memory(tuple(int(x) for x in args.worker_runs.split(",")))
+        holds = e2e_bench.holds_api(1000)
         results["e2e"] = {
             "one_worker": one,
             "two_workers": two,
@@ -229,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             "latency": lat,
             "latency_keyed": lat_keyed,
             "worker_memory": mem,
+            "holds_api": holds,
         }
         rows += [
             (
@@ -313,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{lat_keyed['events_not_in_replay']} not in the replay",
             ),
         ]
+        rows.append(
+            (
+                f"GET /holds with {holds['holds']:,} active holds: full / unchanged (304)",
+                f"{holds['full_ms_median']:,.1f} / {holds['not_modified_ms_median']:,.1f} ms",
+                f"medians; p99 {holds['full_ms_p99']:,.1f} / {holds['not_modified_ms_p99']:,.1f} "
+                "ms; what each guard asks every holds_refresh_seconds",
+            )
+        )
         for runs, mib in mem["rss_mib_after_runs"].items():
             rows.append(
                 (

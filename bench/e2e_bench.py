@@ -511,3 +511,62 @@ def _tiny_runs(first: int, count: int) -> list[bytes]:
             )
         out.append(request.SerializeToString())
     return out
+
+
+def holds_api(n_holds: int = 1000, requests: int = 200) -> dict[str, Any]:
+    """GET /holds answer time on a worker holding `n_holds` active holds (placed through
+    POST /holds): a full answer (200) and an unchanged set (If-None-Match: 304, what the
+    guards mostly get), median and p99 over `requests` each, from this process."""
+    import json as _json
+    import statistics
+    import tempfile
+    import time as _time
+    import urllib.error
+    import urllib.request
+
+    token = "bench-holds-token"
+    with tempfile.TemporaryDirectory(prefix="lw-holds-") as tmp:
+        proc = _worker(Path(tmp), LOOPWATCH_API_TOKEN=token)
+        try:
+            proc.start()
+            proc.wait_ready()
+            base = f"http://127.0.0.1:{proc.web_port}/holds"
+            auth = {"Authorization": f"Bearer {token}"}
+            for i in range(n_holds):
+                body = {"scope": {"tool": f"tool-{i % 50}", "prompt_version": f"v{i}"},
+                        "reason": "bench", "by": "bench"}  # fmt: skip
+                req = urllib.request.Request(
+                    base, data=_json.dumps(body).encode(), method="POST",
+                    headers={**auth, "Content-Type": "application/json"},
+                )  # fmt: skip
+                urllib.request.urlopen(req, timeout=30).read()
+
+            def timed(headers: dict[str, str]) -> tuple[float, int, str | None]:
+                req = urllib.request.Request(base, headers={**auth, **headers})
+                t0 = _time.perf_counter()
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as resp:
+                        resp.read()
+                        status, etag = resp.status, resp.headers.get("ETag")
+                except urllib.error.HTTPError as exc:
+                    status, etag = exc.code, exc.headers.get("ETag")
+                return (_time.perf_counter() - t0) * 1000, status, etag
+
+            _ms, status, etag = timed({})
+            assert status == 200 and etag, status
+            full = [timed({})[0] for _ in range(requests)]
+            same = [timed({"If-None-Match": etag})[0] for _ in range(requests)]
+            assert timed({"If-None-Match": etag})[1] == 304
+
+            def pct(xs: list[float], q: float) -> float:
+                return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
+
+            return {
+                "holds": n_holds,
+                "full_ms_median": statistics.median(full),
+                "full_ms_p99": pct(full, 0.99),
+                "not_modified_ms_median": statistics.median(same),
+                "not_modified_ms_p99": pct(same, 0.99),
+            }
+        finally:
+            proc.cleanup()

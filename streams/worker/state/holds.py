@@ -49,6 +49,7 @@ class HoldBook:
         self.clock = clock
         self._holds: dict[str, Hold] = {}
         self._index: HoldIndex | None = None  # over _holds; None: rebuild on next use
+        self.version = 0  # changes with every change of the set (answers are cached by it)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.loaded = threading.Event()  # the topic was read up to its end once
@@ -110,6 +111,7 @@ class HoldBook:
         hold_id = key.decode("utf-8", "replace")
         with self._lock:
             self._index = None
+            self.version += 1
             if value is None:  # a tombstone: compaction may drop it; so do we
                 self._holds.pop(hold_id, None)
                 return
@@ -254,3 +256,4 @@ class HoldBook:
         with self._lock:  # read your writes; the tail thread brings the same record
             self._holds[hold.id] = hold
             self._index = None
+            self.version += 1
