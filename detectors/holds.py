@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
 
 from .errors import ConfigError
 
@@ -68,7 +68,6 @@ class Hold:
     expires_ns: int
     released_ns: int | None = None
     released_by: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def scope_is_run(self) -> bool:
@@ -85,7 +84,6 @@ class Hold:
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["scope"] = {k: v for k, v in asdict(self.scope).items() if v not in (None, False)}
-        doc.pop("extra", None)
         return doc
 
 
@@ -152,27 +150,29 @@ def hold_from(doc: Any) -> Hold:
         raise HoldError(f"hold: missing or bad field ({exc})") from None
 
 
-def matches(
-    hold: Hold,
-    *,
-    run_id: str,
-    tool: str,
-    tool_version: str | None,
-    service: str | None,
-    agent: str | None,
-    prompt_version: str | None,
-    side_effect: bool,
-) -> bool:
-    """Whether a proposed call falls under the hold (every field of its scope equal)."""
+class Call(NamedTuple):
+    """What a hold is matched against: one tool call and the labels of its run."""
+
+    run_id: str
+    tool: str
+    tool_version: str | None
+    service: str | None
+    agent: str | None
+    prompt_version: str | None
+    side_effect: bool  # the tool's contract says side_effect: true
+
+
+def matches(hold: Hold, call: Call) -> bool:
+    """Whether a call falls under the hold (every field of its scope equal)."""
     s = hold.scope
     return (
-        (s.run is None or s.run == run_id)
-        and (s.tool is None or s.tool == tool)
-        and (s.tool_version is None or s.tool_version == tool_version)
-        and (not s.side_effects or side_effect)
-        and (s.service is None or s.service == service)
-        and (s.agent is None or s.agent == agent)
-        and (s.prompt_version is None or s.prompt_version == prompt_version)
+        (s.run is None or s.run == call.run_id)
+        and (s.tool is None or s.tool == call.tool)
+        and (s.tool_version is None or s.tool_version == call.tool_version)
+        and (not s.side_effects or call.side_effect)
+        and (s.service is None or s.service == call.service)
+        and (s.agent is None or s.agent == call.agent)
+        and (s.prompt_version is None or s.prompt_version == call.prompt_version)
     )
 
 
@@ -198,34 +198,14 @@ class HoldIndex:
             else:
                 self.side.append(hold)  # side_effects alone
 
-    def find(
-        self,
-        *,
-        run_id: str,
-        tool: str,
-        tool_version: str | None,
-        service: str | None,
-        agent: str | None,
-        prompt_version: str | None,
-        side_effect: bool,
-        when: Callable[[Hold], bool] = lambda hold: True,
-    ) -> Hold | None:
+    def find(self, call: Call, when: Callable[[Hold], bool] = lambda hold: True) -> Hold | None:
         """The first hold that matches the call and passes `when` (active, say)."""
-        values = (run_id, tool, prompt_version, service, agent)
+        values = (call.run_id, call.tool, call.prompt_version, call.service, call.agent)
         groups = [self.filed[at].get(v, ()) for at, v in enumerate(values) if v is not None]
-        if side_effect:
+        if call.side_effect:
             groups.append(self.side)
         for group in groups:
             for hold in group:
-                if when(hold) and matches(
-                    hold,
-                    run_id=run_id,
-                    tool=tool,
-                    tool_version=tool_version,
-                    service=service,
-                    agent=agent,
-                    prompt_version=prompt_version,
-                    side_effect=side_effect,
-                ):
+                if when(hold) and matches(hold, call):
                     return hold
         return None

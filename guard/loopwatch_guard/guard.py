@@ -436,7 +436,7 @@ class GuardRun:
                 for name, value in zip(_OUTCOME, last, strict=True):
                     setattr(probe, name, value)
         trial = self.state.clone()
-        findings = [f for f in pipeline.feed(self.policy, trial, probe) if f.trigger is probe]
+        findings = pipeline.feed(self.policy, trial, probe)  # (all of them fire at the probe)
         if not findings:
             return None
         return max(findings, key=lambda f: _DECISION_RANK[_action_of(f)])
@@ -456,9 +456,8 @@ class GuardRun:
         if finding.shape == "duplicate_side_effect":
             return action, messages.for_duplicate_write(tool, shown)
         done = max(1, finding.count - 1)
-        last = self._outcomes.get(step.action_fp or "")
-        code = last[1] if last is not None else None
-        empty = bool(last[2]) if last is not None else False
+        last = dict(zip(_OUTCOME, self._outcomes.get(step.action_fp or "", ()), strict=False))
+        code, empty = last.get("error_code"), bool(last.get("empty_result"))
         return action, messages.for_repeat(recovery, tool, done, shown, code, empty)
 
 

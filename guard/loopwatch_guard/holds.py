@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from .detectors.holds import Hold, HoldError, HoldIndex, Scope, hold_from
+from .detectors.holds import Call, Hold, HoldError, HoldIndex, Scope, hold_from
 from .detectors.model import Step
 
 log = logging.getLogger("loopwatch_guard")
@@ -132,16 +132,16 @@ class HoldsClient:
         contract = run.policy.tools.get(step.name)
         side_effect = bool(contract is not None and contract.side_effect)
         now = self.clock()
-        hold = self._index.find(
-            run_id=run.run_id,
-            tool=step.name,
-            tool_version=step.tool_version,
-            service=run.service,
-            agent=run.agent,
-            prompt_version=run.prompt_version,
-            side_effect=side_effect,
-            when=lambda h: h.active(now),
+        call = Call(
+            run.run_id,
+            step.name,
+            step.tool_version,
+            run.service,
+            run.agent,
+            run.prompt_version,
+            side_effect,
         )
+        hold = self._index.find(call, lambda h: h.active(now))
         if hold is not None:
             return hold
         if side_effect and self.side_effects_fail_closed and not self.fresh:

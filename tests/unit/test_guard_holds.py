@@ -20,7 +20,7 @@ from loopwatch_guard import DENY, STOP, Guard
 from loopwatch_guard.holds import UNREACHABLE, HoldsClient
 
 from detectors.errors import ConfigError
-from detectors.holds import Hold, HoldError, Scope, matches, parse_duration, scope_from
+from detectors.holds import Call, Hold, HoldError, Scope, matches, parse_duration, scope_from
 from detectors.policy import policy_from_mapping
 from tests.guard_support import memory_exporter
 from tests.unit.test_guard_runtime import KEY, guard_events
@@ -95,7 +95,7 @@ def test_every_field_of_the_scope_must_equal_the_calls(
     }
     now = time.time_ns()
     h = Hold("h1", scope_from(scope), "", "", now, now + 10**12)
-    assert matches(h, **facts) is hit
+    assert matches(h, Call(**facts)) is hit
 
 
 def test_durations_and_the_policys_hold_settings() -> None:
@@ -311,13 +311,7 @@ def test_the_index_finds_what_a_scan_of_every_hold_finds() -> None:
             if h.active(time.time_ns())
             and matches(
                 h,
-                run_id=run.run_id,
-                tool=step.name,
-                tool_version=None,
-                service=run.service,
-                agent=run.agent,
-                prompt_version=run.prompt_version,
-                side_effect=side,
+                Call(run.run_id, step.name, None, run.service, run.agent, run.prompt_version, side),
             )
         }
         assert (found.id if found else None) in (expected or {None}), (found, expected)

@@ -17,7 +17,7 @@ from loopwatch_guard import DENY, RECONCILE, STOP, Guard
 from loopwatch_guard.integrations.langchain import LoopGuardMiddleware
 from opentelemetry import trace
 
-from tests.guard_support import memory_exporter
+from tests.guard_support import FakeTool, memory_exporter
 from tests.unit.test_guard_runtime import KEY, ORDER, guard_events, policy
 
 
@@ -70,9 +70,10 @@ def counting(name: str, answers: list[Any], seen: list[dict[str, Any]]) -> Struc
         "get_refund_status": ["order_id"],
     }[name]
 
-    def tool(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return answers[min(len(seen), len(answers)) - 1]
+    fake = FakeTool(name, answers, seen)
+
+    def tool(**kwargs: Any) -> Any:  # (LangChain reads a function's annotations, not a callable's)
+        return fake(**kwargs)
 
     from pydantic import create_model
 

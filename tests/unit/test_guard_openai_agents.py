@@ -15,7 +15,7 @@ from loopwatch_guard import DENY, RECONCILE, STOP, Guard
 from loopwatch_guard.integrations.openai_agents import OpenAIAgentsGuard
 from opentelemetry import trace
 
-from tests.guard_support import memory_exporter
+from tests.guard_support import FakeTool, memory_exporter
 from tests.unit.test_guard_runtime import KEY, ORDER, guard_events, policy
 
 
@@ -39,12 +39,8 @@ def model(script: list[tuple[str, dict[str, Any]]], stubborn: bool) -> ScriptedM
 
 
 def counting(name: str, answers: list[Any], seen: list[dict[str, Any]]) -> Any:
-    def tool(**kwargs: Any) -> Any:
-        seen.append(kwargs)
-        answer = answers[min(len(seen), len(answers)) - 1]
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
+    """The SDK reads a tool's schema from its signature: one per tool, over a FakeTool."""
+    tool = FakeTool(name, answers, seen)
 
     def lookup_order(order_id: str) -> Any:
         return tool(order_id=order_id)

@@ -16,12 +16,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
-from detectors.holds import Hold, HoldError, HoldIndex, Scope, hold_from
+from detectors.holds import Call, Hold, HoldError, HoldIndex, Scope, hold_from
 from detectors.model import TOOL, Step
 from streams.errors import BrokerError
 
@@ -147,7 +147,7 @@ class HoldBook:
         body = json.dumps(docs, sort_keys=True, separators=(",", ":")).encode()
         return '"' + hashlib.sha256(body).hexdigest()[:24] + '"'
 
-    def unenforced(self, steps: list[Step]) -> list[tuple[Hold, Step]]:
+    def unenforced(self, steps: Iterable[Step]) -> list[tuple[Hold, Step]]:
         """Tool calls that ran under an active hold (started after it was placed, while it
         held) and whose span carries no guard decision of its own: a hold nothing enforced.
         The holds that name a tool call's labels only (service, agent, prompt version,
@@ -167,16 +167,16 @@ class HoldBook:
                     hold.released_ns is None or start < hold.released_ns
                 )
 
-            hold = index.find(
-                run_id=step.run_id,
-                tool=step.name,
-                tool_version=step.tool_version,
-                service=step.service_name,
-                agent=step.agent_name,
-                prompt_version=step.prompt_version,
-                side_effect=self.side_effect(step.name),
-                when=held_then,
+            call = Call(
+                step.run_id,
+                step.name,
+                step.tool_version,
+                step.service_name,
+                step.agent_name,
+                step.prompt_version,
+                self.side_effect(step.name),
             )
+            hold = index.find(call, held_then)
             if hold is not None and not any(
                 d.endswith(f" {step.call_id}") for d in step.denied_calls
             ):
