@@ -185,6 +185,15 @@ def add_spread(
     return scanned <= cap
 
 
+def fired(run_id: str, state: Any) -> list[dict[str, Any]]:
+    """The episodes a run's state says fired ("shape|key" markers), with their event ids."""
+    found = []
+    for marker in state.fired:
+        shape, _, key = marker.partition("|")
+        found.append({"shape": shape, "episode": key, "event_id": event_id(run_id, shape, key)})
+    return found
+
+
 def run_view(
     run_id: str, raw: bytes | None, finished: bool, links: TraceLinks | None = None
 ) -> dict[str, Any]:
@@ -199,10 +208,7 @@ def run_view(
             "findings": [],
         }
     env, state = decode_envelope(raw)
-    findings = []
-    for marker in state.fired:
-        shape, _, key = marker.partition("|")
-        findings.append({"shape": shape, "episode": key, "event_id": event_id(run_id, shape, key)})
+    findings = fired(run_id, state)
     doc: dict[str, Any] = {
         "run_id": run_id,
         "found": True,

@@ -9,7 +9,6 @@ run, as ``/runs/{id}``): for dispatchers without the guard."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from typing import Any
@@ -18,9 +17,8 @@ from faust.web import View
 
 from detectors.holds import Hold, HoldError, parse_duration, scope_from
 from detectors.model import GUARD_IGNORED
-from detectors.recovery import event_id
 from streams.errors import BrokerError
-from streams.worker.api.answers import check_bearer
+from streams.worker.api.answers import check_bearer, fired
 from streams.worker.state import retained
 from streams.worker.state.holds import HoldBook
 from streams.worker.state.store import decode_envelope
@@ -32,10 +30,9 @@ UNAUTHORIZED = {
 
 
 def may_write(header: str | None, token: str | None) -> bool:
-    """Writes need a configured token, sent: no token on the worker, no writes."""
-    if not token or not header or not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[7:].strip().encode(), token.encode())
+    """Writes need a configured token, sent: no token on the worker, no writes (reads
+    are open then: check_bearer)."""
+    return bool(token) and check_bearer(header, token)
 
 
 def wire_holds(app: Any, book: HoldBook, token: str | None) -> None:
@@ -139,17 +136,16 @@ def verdict(
     finished = kept is not None
     if raw_state is not None:
         _env, state = decode_envelope(raw_state)
-        for marker in state.fired:
-            shape, _, key = marker.partition("|")
-            if shape == GUARD_IGNORED:
-                continue
-            loops.append(
-                {
-                    "shape": shape,
-                    "event_id": event_id(run_id, shape, key),
-                    "trigger_ns": state.trigger_ns.get(shape),
-                }
-            )
+        for episode in fired(run_id, state):
+            shape = episode["shape"]
+            if shape != GUARD_IGNORED:
+                loops.append(
+                    {
+                        "shape": shape,
+                        "event_id": episode["event_id"],
+                        "trigger_ns": state.trigger_ns.get(shape),
+                    }
+                )
         labels = {
             "service": state.service_name,
             "agent": state.agent_name,
