@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Context
-from .model import GUARD_IGNORED, TOOL, Step
+from .model import GUARD_IGNORED, TOOL, Step, denials
 from .state import MAP_CAP, WIN_CALL, WIN_END, WIN_POS, WIN_SPAN, WIN_START, WIN_TOOL
 
 SHAPE = GUARD_IGNORED
@@ -27,11 +27,7 @@ SHAPE = GUARD_IGNORED
 def note_denials(ctx: Context, step: Step) -> None:
     """Remember the step's denials; a call already seen that started after one fires."""
     state = ctx.state
-    for denial in step.denied_calls:
-        at, _, call_id = denial.partition(" ")
-        if not call_id or not at.isdigit():
-            continue
-        denied_ns = int(at)
+    for denied_ns, _hold, call_id in denials(step):
         known = next((d for d in state.guard_denied if d[0] == call_id), None)
         if known is None:
             state.guard_denied.append([call_id, denied_ns])

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from .errors import ConfigError
+from .model import Step, denials
 
 SCOPE_FIELDS = ("service", "agent", "prompt_version", "tool", "tool_version", "side_effects", "run")
 MAX_TEXT = 512  # reason, by, scope values
@@ -209,3 +210,45 @@ class HoldIndex:
                 if when(hold) and matches(hold, call):
                     return hold
         return None
+
+
+# ---------------------------------------------------------------- what the holds did
+# Per hold: the calls it denied (the guard's decision names it), the calls that ran under it
+# with no guard decision (a hold nothing enforced), the runs it touched. Counted once per
+# delivered span (after the run's dedup) by the run loop, summed by the worker.
+
+MAX_RUN_HOLDS = 8  # holds a run remembers being counted under; past it a run counts again
+# what is counted per hold: calls it denied, calls that ran under it undecided, runs touched
+DENIED, EXECUTED, RUNS = "denied", "executed", "runs"
+HOLD_MEASURES = (DENIED, EXECUTED, RUNS)
+
+
+class HeldCall(NamedTuple):
+    """A tool call a hold decided on or should have: what `loopwatch query holds` counts."""
+
+    hold_id: str
+    tool: str | None
+    prompt_version: str | None
+    denied: bool  # False: it ran under the hold, no guard decision on it
+    first_in_run: bool  # the run's first call under this hold (runs affected)
+
+
+def account(counted: list[str], step: Step, ran_under: str | None) -> list[HeldCall]:
+    """The held calls of one fresh step: its denials that name a hold, and `ran_under`, the
+    hold its tool call ran under undecided (the worker's hold book says; None: none).
+    `counted`: the holds the run was already counted under (its state's; updated)."""
+    found: list[HeldCall] = []
+
+    def note(hold_id: str, tool: str | None, denied: bool) -> None:
+        first = hold_id not in counted
+        if first:
+            counted.append(hold_id)
+            del counted[:-MAX_RUN_HOLDS]
+        found.append(HeldCall(hold_id, tool, step.prompt_version, denied, first))
+
+    for denial in denials(step):
+        if denial.hold_id is not None:
+            note(denial.hold_id, None, True)  # the denied call's tool is not on this span
+    if ran_under is not None:
+        note(ran_under, step.name, False)
+    return found

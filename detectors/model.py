@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 # Step kinds. Only these reach the detectors; other spans are dropped by the normalizer
 # (but still count towards trace completeness through the run's span bookkeeping).
@@ -101,9 +101,10 @@ class Step:
     # keys and values: detectors/sketch.py), digested: compared exactly.
     identity_fp: str | None = None
     # The calls an enforced loopwatch_guard decision on this span kept from being
-    # dispatched, "<event time ns> <call id>" (its `loop_guard` events: deny, reconcile or
-    # stop; at most 8): a tool of that call id starting after it ran although the guard
-    # denied it (detectors/guard_check.py).
+    # dispatched, "<event time ns> <hold id or -> <call id>" (its `loop_guard` events:
+    # deny, reconcile or stop; at most 8; read with `denials`): a tool of that call id
+    # starting after it ran although the guard denied it (detectors/guard_check.py); a
+    # hold's denials are counted for it (detectors/holds.py `account`).
     denied_calls: tuple[str, ...] = ()
 
     def to_list(self) -> list[Any]:
@@ -122,6 +123,28 @@ class Step:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+class Denial(NamedTuple):
+    """One entry of `Step.denied_calls`."""
+
+    at_ns: int
+    hold_id: str | None  # the on-call hold that decided it, if one did
+    call_id: str
+
+
+def denials(step: Step) -> list[Denial]:
+    """The step's denied calls, parsed; unreadable entries are skipped. An entry of two
+    fields ("<ns> <call id>", written before hold ids were) has no hold."""
+    out = []
+    for text in step.denied_calls:
+        parts = text.split(" ", 2)
+        if len(parts) == 2:
+            parts.insert(1, "-")
+        at, hold, call_id = parts
+        if call_id and at.isdigit():
+            out.append(Denial(int(at), None if hold == "-" else hold, call_id))
+    return out
 
 
 STEP_FIELDS: tuple[str, ...] = tuple(Step.__dataclass_fields__)

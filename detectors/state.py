@@ -113,6 +113,9 @@ class RunState:
     # The guard checked (detectors/guard_check.py): the calls an enforced guard decision
     # denied, [call id, denial ns], at most MAP_CAP.
     guard_denied: list[list[Any]] = field(default_factory=list)
+    # The on-call holds its calls were counted under (detectors/holds.py `account`: a run
+    # is affected once per hold), at most MAX_RUN_HOLDS.
+    holds: list[str] = field(default_factory=list)
     finalized: bool = False
 
     def clone(self) -> RunState:

@@ -116,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_lazy("streams.cli.produce", "cmd_produce"))
 
     p = sub.add_parser(
-        "query", help="ask the on-call API: runs, loops, run RUN_ID, versions, compare"
+        "query", help="ask the on-call API: runs, loops, run RUN_ID, versions, compare, holds"
     )
-    p.add_argument("what", choices=["runs", "loops", "run", "versions", "compare"])
+    p.add_argument("what", choices=["runs", "loops", "run", "versions", "compare", "holds"])
     p.add_argument("run_id", nargs="?", help="run: a run id or its first 8+ hex characters")
     p.add_argument("--by", default="shape,prompt_version,tool_version")
     for flag, label in (

@@ -5,6 +5,7 @@
     loopwatch query run RUN_ID                                                    GET /runs/ID
     loopwatch query versions [--service S] [--since 7d]                           GET /versions
     loopwatch query compare --prompt-version V [--baseline W] [--since 24h]       GET /compare
+    loopwatch query holds [--since 24h]                               GET /holds, /hold-counts
 
 The API is at --url, else $LOOPWATCH_API, else http://127.0.0.1:6066; a bearer token is sent
 when $LOOPWATCH_API_TOKEN is set. Answers are rendered as aligned tables (largest count
@@ -22,6 +23,7 @@ import os
 import re
 import socket
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from detectors.errors import LoopwatchError
-from streams.cli import query_versions
+from streams.cli import query_holds, query_versions
 from streams.cli.render import Block, table, write
 from streams.worker.api import params as api_params
 
@@ -645,7 +647,13 @@ def cmd_query(args: argparse.Namespace) -> int:
     comparing = what in ("versions", "compare")
     since_text = args.since
     if since_text is None:
-        since_text = query_versions.default_since(what) if comparing else "1h"
+        since_text = (
+            query_versions.default_since(what)
+            if comparing
+            else query_holds.DEFAULT_SINCE
+            if what == "holds"
+            else "1h"
+        )
     since = parse_since(since_text) if what != "run" else ""
     by = parse_by(args.by) if what == "loops" else []
     where = parse_where(args)
@@ -665,6 +673,12 @@ def cmd_query(args: argparse.Namespace) -> int:
     if timeout <= 0:
         raise LoopwatchError("--timeout must be positive")
     client = ApiClient(_base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), timeout)
+    if what == "holds":
+        seconds = api_params.parse_since(since)[1]
+        try:
+            return query_holds.show(client, since, seconds, bool(args.json), time.time_ns())
+        except urllib.error.HTTPError as exc:
+            raise client.http_error(exc, "/hold-counts") from None
 
     params: dict[str, str]
     if comparing:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.fingerprint import Fingerprinter
+from detectors.holds import HeldCall
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
@@ -108,6 +109,9 @@ class Tally:
 
     def evicted_run(self) -> None:
         pass  # the replay has no capacity bound
+
+    def held(self, call: HeldCall) -> None:
+        pass  # holds live in the worker; a recording's denials name holds gone long since
 
 
 class Engine:

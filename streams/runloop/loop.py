@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Protocol
 
 from alerts.events import build_event
 from alerts.trace_links import TraceLinks
-from detectors import pipeline
-from detectors.model import Finding, Step
+from detectors import holds, pipeline
+from detectors.holds import HeldCall
+from detectors.model import TOOL, Finding, Step
 from detectors.policy import Policy
 from detectors.state import DEFERRED_CAP, RunState
 from streams.errors import DecodeError
@@ -84,6 +85,7 @@ class Sink(Protocol):
     def counted(self, duplicate_spans: int, late_spans: int) -> None: ...
     def after_finalize(self, spans: int) -> None: ...  # spans of a finished run: not fed
     def evicted_run(self) -> None: ...  # a run finalized early for capacity
+    def held(self, call: HeldCall) -> None: ...  # a call an on-call hold decided (or should)
 
 
 class RunStore(Protocol):
@@ -174,6 +176,9 @@ class RunLoop:
         self.release_timer = release_timer
         self.tick_ns = tick_ns
         self.index = DeadlineIndex()
+        # the on-call hold a tool call ran under with no guard decision (the worker's hold
+        # book, streams/worker/state/holds.py); None: no holds are looked up
+        self.held_by: Callable[[Step], str | None] | None = None
         self._lateness_ns = int(policy.allowed_lateness_seconds * NS)
         self._grace_ns = int(policy.finalize_grace_seconds * NS)
         self._idle_ns = int(policy.idle_timeout_seconds * NS)
@@ -231,13 +236,20 @@ class RunLoop:
         policy = self.policy
         before_dup, before_late = state.duplicate_spans, state.late_spans
         findings = []
+        held_by = self.held_by
         for steps, sent_clock in batches:
             watermark = None  # the run's own latest end: arrivals are in export order
             if sent_clock is not None:
                 env.vouch(sent_clock)
                 watermark = env.confirmed_end_ns or 0
             for step in steps:
+                # a fresh span (not one the run has seen) under a hold: counted for it
+                fresh = (
+                    step.denied_calls or (held_by is not None and step.kind == TOOL)
+                ) and step.span_id not in state.dedup
                 findings.extend(pipeline.ingest(policy, state, step))
+                if fresh:
+                    self._account(state, step, sink)
             findings.extend(pipeline.release(policy, state, watermark))
             if sent_clock is not None and (env.candidate is None or env.candidate[0] == now_ns):
                 env.candidate = (now_ns, state.max_end_ns)
@@ -248,6 +260,13 @@ class RunLoop:
         env.refresh(state)
         store.save(run_id, env, state)
         self.index.set(run_id, self.deadline_for(env))
+
+    def _account(self, state: RunState, step: Step, sink: Sink) -> None:
+        held_by = self.held_by
+        ran_under = held_by(step) if held_by is not None and step.kind == TOOL else None
+        if ran_under is not None or step.denied_calls:
+            for call in holds.account(state.holds, step, ran_under):
+                sink.held(call)
 
     def due(self, partition: int, now_ns: int, sink: Sink) -> None:
         """Releases, finalizations and evictions of `partition` due by `now_ns`."""

@@ -5,6 +5,7 @@ infers it at finalization)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,15 +18,17 @@ from streams.spanpath.spans import SpanRecord
 GUARD_MODE = "loopwatch.guard.mode"
 GUARD_DECISION = "loopwatch.guard.decision"
 GUARD_CALL_ID = "loopwatch.guard.call_id"
+GUARD_HOLD_ID = "loopwatch.guard.hold_id"
 ENFORCED_DECISIONS = frozenset({"deny", "reconcile", "stop"})
 MAX_DENIED_CALLS = 8
 
 
 def denied_calls(span: SpanRecord) -> tuple[str, ...]:
     """The calls the span's enforced guard decisions kept from being dispatched, as
-    "<event time ns> <call id>": its `loop_guard` events not in observe mode whose decision
-    is deny, reconcile or stop and that name a call id (distinct ids, in order, at most
-    MAX_DENIED_CALLS)."""
+    "<event time ns> <hold id or -> <call id>" (detectors/model.py `denials`): its
+    `loop_guard` events not in observe mode whose decision is deny, reconcile or stop and
+    that name a call id (distinct ids, in order, at most MAX_DENIED_CALLS). The hold id is
+    the on-call hold that decided it, when it is one (`hold_token`), else "-"."""
     found: list[str] = []
     out: list[str] = []
     for event in span.events:
@@ -44,8 +47,19 @@ def denied_calls(span: SpanRecord) -> tuple[str, ...]:
             and len(found) < MAX_DENIED_CALLS
         ):
             found.append(call_id)
-            out.append(f"{event.time_ns} {call_id}")
+            out.append(f"{event.time_ns} {hold_token(attrs.get(GUARD_HOLD_ID))} {call_id}")
     return tuple(out)
+
+
+def hold_token(value: Any) -> str:
+    """A decision's hold id as the denial records it: 1-64 characters of letters, digits
+    and ``._:-`` (the worker's ids are ``hold-`` and 10 hex digits); anything else, "-"."""
+    if isinstance(value, str) and 0 < len(value) <= 64 and _HOLD_ID(value):
+        return value
+    return "-"
+
+
+_HOLD_ID = re.compile(r"[A-Za-z0-9._:-]+").fullmatch
 
 
 def termination_reason(

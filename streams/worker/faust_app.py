@@ -90,6 +90,7 @@ class LoopwatchService:
         from streams.worker.kafka.topics import (
             EPISODES_TABLE,
             FINISHED_TABLE,
+            HOLD_COUNTS_TABLE,
             LOOP_COUNTS_TABLE,
             RETAINED_TABLE,
             RUN_COUNTS_TABLE,
@@ -161,6 +162,7 @@ class LoopwatchService:
         loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
         run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
         version_counts_raw = app.Table(VERSION_COUNTS_TABLE, default=int, **opts())
+        hold_counts_raw = app.Table(HOLD_COUNTS_TABLE, default=int, **opts())
         self.versions = app.Table(VERSIONS_TABLE, **opts(), **as_bytes)
         self.all_tables = (
             self.runs,
@@ -170,6 +172,7 @@ class LoopwatchService:
             loop_counts_raw,
             run_counts_raw,
             version_counts_raw,
+            hold_counts_raw,
             self.versions,
         )
         tables = Tables(
@@ -183,6 +186,7 @@ class LoopwatchService:
             scan=faust_internals.partition_items,
             versions=self.versions,
             version_counts=windowed(version_counts_raw),
+            hold_counts=windowed(hold_counts_raw),
         )
         self.worker = worker = Worker(
             s,
@@ -270,6 +274,7 @@ class LoopwatchService:
             self.assigned_partitions,
             versions=self.versions,
             version_counts=version_counts_raw,
+            hold_counts=hold_counts_raw,
         ).wire()
         self.holds = HoldBook(
             s.bootstrap,
@@ -279,7 +284,8 @@ class LoopwatchService:
             side_effect=lambda tool: bool((c := policy.tools.get(tool)) and c.side_effect),
         )
         self.holds.start()
-        worker.detect.holds = self.holds
+        # tool calls that ran under a hold are counted (streams/worker/agents/counting.py)
+        worker.detect.driver.loop.held_by = self.holds.held_by
         wire_holds(app, self.holds, s.api_token)
         wire_verdicts(app, self.runs, self.retained, self.holds, s.api_token)
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from streams.spanpath.spans import SpanEvent
 from tests.support.kafka import require_broker
 from tests.support.worker_proc import REPO, WorkerProc, write_policy
 
@@ -94,12 +95,19 @@ class Agent:
 def hold(
     worker: WorkerProc, *args: str, token: str | None = TOKEN
 ) -> subprocess.CompletedProcess[str]:
+    return hold_cli(worker, "hold", *args, "--by", "oncall", token=token)
+
+
+def hold_cli(
+    worker: WorkerProc, *args: str, token: str | None = TOKEN
+) -> subprocess.CompletedProcess[str]:
+    """`loopwatch ARGS --url <the worker's API>` with the token (or none)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWATCH_")}
     if token is not None:
         env["LOOPWATCH_API_TOKEN"] = token
     url = f"http://127.0.0.1:{worker.web_port}"
     return subprocess.run(
-        [sys.executable, "-m", "streams.cli", "hold", *args, "--url", url, "--by", "oncall"],
+        [sys.executable, "-m", "streams.cli", *args, "--url", url],
         cwd=REPO,
         env={**env, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -241,23 +249,30 @@ def test_a_runs_verdict_for_dispatchers_without_the_guard(setup: dict[str, Any])
     hold(worker, "release", placed.stdout.split()[0])
 
 
-def test_tool_calls_under_a_hold_without_the_guard_are_counted(setup: dict[str, Any]) -> None:
+def test_tool_calls_under_a_hold_are_counted_per_hold(setup: dict[str, Any]) -> None:
     """An unguarded agent's tool spans under an active hold: the worker counts them
-    (loopwatch_hold_violations_total, the HoldNotEnforced rule's series); calls of other
-    tools are not counted."""
+    (loopwatch_hold_violations_total, the HoldNotEnforced rule's series), once each however
+    often they are delivered; calls of other tools are not counted. A guarded run's denial
+    (its `loop_guard` event names the hold, as loopwatch_guard writes it) is counted for the
+    hold, and `loopwatch query holds` shows per hold the calls denied, the runs affected and
+    the calls that still ran."""
+    from loopwatch_guard.decision import Decision
+    from loopwatch_guard.trace import EVENT, attributes
+
     from tests.otlp_build import encode_request
     from tests.spankit import Run
 
     worker = setup["worker"]
     placed = hold(worker, "add", "--tool", "get_export_status", "--reason", "polling storm")
     assert placed.returncode == 0, placed.stderr
+    hold_id = placed.stdout.split()[0]
     before = worker.metric("loopwatch_hold_violations_total")
-    run = Run(trace=0x38B)
-    run.clock = run.start = time.time_ns() + 10**9  # the calls run now, under the hold
+    unguarded = Run(trace=0x38B)
+    unguarded.clock = unguarded.start = time.time_ns() + 10**9  # the calls run now, held
     for _ in range(2):
-        run.tool("get_export_status", {"export_id": "e1"}, {"status": "running"})
-    run.tool("lookup_order", {"order_id": "A1"}, {"status": "delivered", "version": 1})
-    worker.produce([(None, encode_request(run.spans))])
+        unguarded.tool("get_export_status", {"export_id": "e1"}, {"status": "running"})
+    unguarded.tool("lookup_order", {"order_id": "A1"}, {"status": "delivered", "version": 1})
+    worker.produce([(None, encode_request(unguarded.spans))])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if worker.metric("loopwatch_hold_violations_total") >= before + 2:
@@ -270,4 +285,32 @@ def test_tool_calls_under_a_hold_without_the_guard_are_counted(setup: dict[str, 
         'tool_name="lookup_order"'
         not in text.split("loopwatch_hold_violations_total", 1)[1].split("# HELP", 1)[0]
     )
-    hold(worker, "release", placed.stdout.split()[0])
+    # the same spans again (an exporter's retry), with a guarded run whose call was denied
+    guarded = Run(trace=0x38C)
+    guarded.clock = guarded.start = time.time_ns() + 10**9
+    guarded.tool("lookup_order", {"order_id": "A2"}, {"status": "delivered", "version": 1})
+    decision = Decision(
+        "deny", call_id="call-held-1", tool="get_export_status", mode="enforce", hold_id=hold_id
+    )
+    guarded.root(events=[SpanEvent(EVENT, guarded.clock, attributes(decision, "p1"))])
+    worker.produce([(None, encode_request(unguarded.spans + guarded.spans))])
+    deadline = time.monotonic() + 30
+    while True:
+        shown = query_holds(worker)
+        row = next(r for r in shown["holds"] if r["id"] == hold_id)
+        if row["denied"] >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (row["denied"], row["executed"], row["runs"]) == (1, 2, 2), row
+    assert worker.metric("loopwatch_hold_violations_total") == before + 2  # not twice
+    table = hold_cli(worker, "query", "holds")
+    assert table.returncode == 0, table.stderr
+    line = next(x for x in table.stdout.splitlines() if x.startswith(hold_id))
+    assert line.split()[1] == "active" and "2 calls still ran" in table.stdout, table.stdout
+    hold(worker, "release", hold_id)
+
+
+def query_holds(worker: WorkerProc) -> dict[str, Any]:
+    done = hold_cli(worker, "query", "holds", "--json")
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))

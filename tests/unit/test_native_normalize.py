@@ -44,6 +44,7 @@ from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODE
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
 from streams.spanpath.otlp.proto import decode_proto_py
 from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
+from streams.spanpath.spans import SpanEvent
 from streams.worker.agents.decode import InputDecoder
 from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
@@ -580,6 +581,7 @@ def requests(draw: st.DrawFn) -> bytes:
                                         "loopwatch.guard.mode",
                                         "loopwatch.guard.decision",
                                         "loopwatch.guard.call_id",
+                                        "loopwatch.guard.hold_id",
                                         "message",
                                         "finish_reason",
                                         "content",
@@ -992,3 +994,36 @@ def test_sketches_are_identical_on_both_paths() -> None:
     turns = [s for s in turns if s.kind == "llm"]
     assert [bool(s.action_sketch) for s in turns] == [True, True, True, False]
     assert [bool(s.result_sketch) for s in turns] == [True, True, True, False]
+
+
+def test_the_guards_hold_ids_are_identical_on_both_paths() -> None:
+    """A loop_guard decision's hold id as both paths record it in the denial: an id of
+    letters, digits and `._:-` up to 64 characters; anything else (spaces, non-ASCII,
+    too long, empty, not a string) is "-" (the generated requests rarely draw a decision,
+    a call id and a hold id together)."""
+    from tests.otlp_build import encode_request
+    from tests.spankit import Run
+
+    odd: list[Any] = ["hold-0a1b2c3d4e", "a:b.c_d-E9", "has space", "hóld", "x" * 64, "x" * 65]
+    odd += ["", 7, ["hold-1"]]
+    events = [
+        SpanEvent(
+            "loop_guard",
+            100 + i,
+            {
+                "loopwatch.guard.decision": "deny" if i % 2 else "stop",
+                "loopwatch.guard.call_id": f"call {i}",
+                "loopwatch.guard.hold_id": hold,
+            },
+        )
+        for i, hold in enumerate(odd[:8])
+    ]
+    run = Run(trace=9)
+    run.root(events=events)
+    data = encode_request(run.spans)
+    for encoding, message in ((OTLP_PROTO, data), (OTLP_JSON, proto_to_json_bytes(data))):
+        check(message, must_be_native=True, encoding=encoding)
+    normalizer = Normalizer(next(iter(POLICIES.values())), Fingerprinter(None))
+    (root,) = [normalizer.step(s) for s in decode_proto_py(data)]
+    holds = [d.split(" ", 2)[1] for d in root.denied_calls]
+    assert holds == ["hold-0a1b2c3d4e", "a:b.c_d-E9", "-", "-", "x" * 64, "-", "-", "-"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from detectors.fingerprint import Fingerprinter
-from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL
+from detectors.model import AGENT, HANDOFF, LLM, OTHER, PLAN, SUMMARY, TOOL, denials
 from detectors.policy import policy_from_mapping
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.spans import STATUS_ERROR, STATUS_OK, SpanEvent, SpanRecord
@@ -285,7 +285,17 @@ def test_the_guards_decisions_on_a_span():
 
     enforced = ev(decision="deny", mode="enforce", call_id="c3")
     step = root(events=[enforced, ev(decision="stop", call_id="c4")])
-    assert step.denied_calls == ("9 c3", "9 c4")
+    assert step.denied_calls == ("9 - c3", "9 - c4")
+    # a hold's decision names the hold; an id that is not one (spaces, too long, not a
+    # string) is recorded as none, so no customer text rides on it
+    held = ev(decision="stop", call_id="c 5", hold_id="hold-0a1b2c3d4e")
+    odd_ids = [
+        ev(decision="deny", call_id=f"c{i}", hold_id=h)
+        for i, h in enumerate(["a b", "x" * 65, 7, ""])
+    ]
+    step = root(events=[held, *odd_ids])
+    assert step.denied_calls == ("9 hold-0a1b2c3d4e c 5", "9 - c0", "9 - c1", "9 - c2", "9 - c3")
+    assert [tuple(d) for d in denials(step)][:2] == [(9, "hold-0a1b2c3d4e", "c 5"), (9, None, "c0")]
     assert step.termination == "loop_guard" and step.guard_ns == 9
     observed = root(events=[ev(decision="deny", mode="observe", call_id="c3")])
     assert observed.denied_calls == () and observed.termination != "loop_guard"

@@ -50,6 +50,9 @@ class Recorder:
     def evicted_run(self) -> None:
         self.out.append(("evicted", None))
 
+    def held(self, call: Any) -> None:
+        self.out.append(("held", call))
+
     def kinds(self, kind: str) -> list[Any]:
         return [value for k, value in self.out if k == kind]
 
@@ -304,3 +307,39 @@ def test_a_span_arriving_beyond_the_lateness_keeps_the_episodes_event_id():
     assert late[0]["first_sequence"] != in_order[0]["first_sequence"]  # positions did move
     assert late[0]["event_id"] == in_order[0]["event_id"]
     assert late[0]["span_ids"] == in_order[0]["span_ids"]
+
+
+def test_calls_under_a_hold_are_counted_once_per_span_and_runs_once_per_hold() -> None:
+    """What `loopwatch query holds` counts (detectors/holds.py `account`): a tool call that
+    ran under a hold undecided (the hold book's `held_by` says which), a denial whose
+    loop_guard event named a hold; a redelivered span is not counted again, and a run is
+    affected once per hold. A denial written before hold ids (two fields) names none."""
+    from detectors.holds import HeldCall
+
+    policy = example_policy()
+    loop, sink = RunLoop(policy, MemoryStore(10), release_timer=True), Recorder()
+    loop.held_by = lambda step: "hold-a" if step.name == "lookup_order" else None
+    run = Run(trace=0x38)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    run.tool("search_cases", {"query": "late"}, {"case_ids": []})
+    run.tool("lookup_order", {"order_id": "A2"}, {"status": "pending"})
+    steps = steps_of(policy, run)
+    loop.apply(0, run.trace_id, [(steps, None)], T0, sink)
+    loop.apply(0, run.trace_id, [(steps[:1], None)], T0 + NS, sink)  # delivered again
+    denial_run = Run(trace=0x38)
+    denial_run.root()
+    (root_step,) = steps_of(policy, denial_run)
+    root_step.denied_calls = ("7 hold-b call-9", "8 hold-a call-10", "9 call-11", "x - c")
+    loop.apply(0, run.trace_id, [([root_step], None)], T0 + 2 * NS, sink)
+    v = steps[0].prompt_version
+    assert v is not None
+    assert sink.kinds("held") == [
+        HeldCall("hold-a", "lookup_order", v, False, True),
+        HeldCall("hold-a", "lookup_order", v, False, False),
+        HeldCall("hold-b", None, root_step.prompt_version, True, True),
+        HeldCall("hold-a", None, root_step.prompt_version, True, False),
+    ]
+    # no hold book (the replay): tool calls are not looked up, denials still counted
+    plain, sink = RunLoop(policy, MemoryStore(10), release_timer=True), Recorder()
+    plain.apply(0, "other", [(steps_of(policy, run), None)], T0, sink)
+    assert sink.kinds("held") == []

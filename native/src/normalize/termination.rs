@@ -126,9 +126,9 @@ pub(super) fn last_message_text(doc: &V<'_>) -> Option<String> {
 }
 
 /// The calls the span's enforced guard decisions kept from being dispatched, as
-/// "<event time ns> <call id>" (streams/spanpath/termination.py `denied_calls`: loop_guard
-/// events not in observe mode, decision deny / reconcile / stop, a non-empty string call
-/// id; distinct ids, in order, at most 8).
+/// "<event time ns> <hold id or -> <call id>" (streams/spanpath/termination.py
+/// `denied_calls`: loop_guard events not in observe mode, decision deny / reconcile / stop,
+/// a non-empty string call id; distinct ids, in order, at most 8).
 pub(super) fn denied_calls(span: &Span<'_>) -> Vec<String> {
     let mut found: Vec<String> = Vec::new();
     let mut out: Vec<String> = Vec::new();
@@ -150,9 +150,25 @@ pub(super) fn denied_calls(span: &Span<'_>) -> Vec<String> {
                 && found.len() < 8
             {
                 found.push(id.to_string());
-                out.push(format!("{} {}", e.time, id));
+                let hold = hold_token(aget(&e.attrs, "loopwatch.guard.hold_id"));
+                out.push(format!("{} {} {}", e.time, hold, id));
             }
         }
     }
     out
+}
+
+/// A decision's hold id as the denial records it (termination.py `hold_token`): 1-64
+/// characters of ASCII letters, digits and `._:-`; anything else "-".
+fn hold_token<'a>(value: Option<&'a V<'_>>) -> &'a str {
+    match value {
+        Some(V::Str(h))
+            if !h.is_empty()
+                && h.len() <= 64
+                && h.bytes().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(&c)) =>
+        {
+            h.as_ref()
+        }
+        _ => "-",
+    }
 }

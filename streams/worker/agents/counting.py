@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from detectors.holds import DENIED, EXECUTED, RUNS, HeldCall
 from detectors.versions import LOOPING, History, Seen, Slice, run_measures, seen_of, slices_of
 from streams.worker.agents.checkpoint import write_error
 from streams.worker.agents.driver import Outputs
@@ -31,6 +32,7 @@ class Counting:
         runs: dict[tuple[int, str], int] = {}
         version_counts: dict[tuple[int, str], int] = {}
         seen: dict[tuple[int, Slice], Seen] = {}
+        held: dict[tuple[int, str], int] = {}
 
         def count_loop(partition: int, ev: dict[str, Any], run: dict[str, Any]) -> None:
             """`run`: where the run-level labels come from (the event, or for an event that
@@ -47,6 +49,17 @@ class Counting:
             )
             group = (partition, aggregate_key(labels, partition))
             loops[group] = loops.get(group, 0) + 1
+
+        def count_held(partition: int, call: HeldCall) -> None:
+            """A call an on-call hold decided on (or should have): `loopwatch query holds`."""
+            measures = [DENIED if call.denied else EXECUTED]
+            if call.first_in_run:
+                measures.append(RUNS)
+            if not call.denied:
+                m.observe_hold_violation(call.tool, call.prompt_version)
+            for measure in measures:
+                group = (partition, aggregate_key((call.hold_id, measure), partition))
+                held[group] = held.get(group, 0) + 1
 
         for partition, out in outputs:
             for ev in out.events:
@@ -75,12 +88,15 @@ class Counting:
                 m.spans_after_finalize.inc(out.spans_after_finalize)
             for _ in range(out.evicted):
                 m.run_evicted("capacity")
+            for call in out.held_calls:
+                count_held(partition, call)
         tables = self.tables
         try:
             for table, groups in (
                 (tables.loop_counts, loops),
                 (tables.run_counts, runs),
                 (tables.version_counts, version_counts),
+                (tables.hold_counts, held),
             ):
                 for (partition, label_key), n in groups.items():
                     with tables.in_event(events_of[partition]):

@@ -87,9 +87,6 @@ class Detect:
         self.on_state_error = on_state_error  # the worker stops (exit status 3)
         self.lock = asyncio.Lock()  # a batch and a flush never interleave
         self.stream: Any = None
-        # the on-call's holds (streams/worker/state/holds.py): tool calls that ran under one
-        # are counted (loopwatch_hold_violations_total); set by the app once it has them
-        self.holds: Any = None
 
     async def run(self, stream: Any, batch_max: int, within_seconds: float) -> None:
         """The agent. take_events acks the batch in a `finally`, also when the batch is
@@ -180,8 +177,6 @@ class Detect:
                         await self.dead_letters.send(record, "internal_error", type(exc).__name__)
                     )
         partition_event: dict[int, Any] = {}
-        if self.holds is not None:
-            self.count_unenforced(groups)
         outputs = await self._detect(groups, ticks, partition_event, dead)
         # outputs, acknowledged by the broker before the state that fired them
         try:
@@ -197,13 +192,6 @@ class Detect:
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
-
-    def count_unenforced(self, groups: Groups) -> None:
-        """Tool calls that ran under an active hold without the guard deciding on them."""
-        # a generator: with no holds (the usual case) no step is looked at
-        steps = (step for entries in groups.values() for _e, batch, _c in entries for step in batch)
-        for _hold, step in self.holds.unenforced(steps):
-            self.metrics.observe_hold_violation(step.name, step.prompt_version)
 
     async def _collect(
         self,

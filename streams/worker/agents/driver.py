@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.trace_links import TraceLinks
+from detectors.holds import HeldCall
 from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
@@ -50,6 +51,7 @@ class Outputs:
     spans_after_finalize: int = 0  # of runs already finished: counted, not fed
     late_spans: int = 0  # behind released steps of their run (out of order): still fed
     duplicate_spans: int = 0
+    held_calls: list[HeldCall] = field(default_factory=list)  # calls an on-call hold decided
 
     def event(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -69,6 +71,9 @@ class Outputs:
 
     def evicted_run(self) -> None:
         self.evicted += 1
+
+    def held(self, call: HeldCall) -> None:
+        self.held_calls.append(call)
 
 
 class RunDriver:

@@ -14,6 +14,7 @@ import re
 LOOP_LABELS = ("shape", "prompt_version", "tool_name", "tool_version", "service_name", "agent_name")
 DEFAULT_LOOP_BY = ("shape", "prompt_version", "tool_version")  # /loops rows without by=
 RUN_LABELS = ("prompt_version", "outcome", "termination_reason")  # /runs rows
+HOLD_LABELS = ("hold_id", "measure")  # /hold-counts rows (detectors/holds.py HOLD_MEASURES)
 DEFAULT_SINCE = "1h"
 MAX_SINCE_SECONDS = 366 * 86400
 SINCE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

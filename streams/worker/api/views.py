@@ -32,7 +32,7 @@ from streams.worker.api.answers import (
     sum_windows,
     window,
 )
-from streams.worker.api.params import LOOP_LABELS, RUN_LABELS
+from streams.worker.api.params import HOLD_LABELS, LOOP_LABELS, RUN_LABELS
 from streams.worker.api.versions import (
     DEFAULT_COMPARE_SINCE,
     DEFAULT_VERSIONS_SINCE,
@@ -69,6 +69,7 @@ class Views:
         partitions: Callable[[], set[int]] = set,
         versions: Any = None,
         version_counts: Any = None,
+        hold_counts: Any = None,
     ) -> None:
         self.app = app
         self.runs = runs
@@ -84,6 +85,7 @@ class Views:
         self.partitions = partitions  # the table partitions this worker owns
         self.versions = versions if versions is not None else {}
         self.version_counts = version_counts if version_counts is not None else {}
+        self.hold_counts = hold_counts if hold_counts is not None else {}
 
     def wire(self) -> None:
         app = self.app
@@ -185,6 +187,27 @@ class Views:
             )
             try:
                 rows = await views.gather_peers(request, rows, by, "runs")
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            return view.json({**covered, "rows": rows})
+
+        async def hold_counts_page(view: Any, request: Any) -> Any:
+            """GET /hold-counts?since=24h: per on-call hold, the calls it denied, the calls
+            that ran under it undecided and the runs it touched (detectors/holds.py), on
+            every worker: rows of hold_id, measure, calls."""
+            if (resp := denied(view, request)) is not None:
+                return resp
+            try:
+                since, seconds = parse_since(request.query.get("since") or "24h")
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            by = list(HOLD_LABELS)
+            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
+            rows = sum_windows(
+                views.hold_counts.items(), HOLD_LABELS, by, seconds, time.time(), "calls"
+            )
+            try:
+                rows = await views.gather_peers(request, rows, by, "calls")
             except PeerError as exc:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
             return view.json({**covered, "rows": rows})
@@ -317,6 +340,7 @@ class Views:
         app.page("/runs")(runs_page)
         app.page("/versions")(versions_page)
         app.page("/compare")(compare_page)
+        app.page("/hold-counts")(hold_counts_page)
 
     async def gather_peers(
         self, request: Any, rows: list[dict[str, Any]], by: list[str], value_name: str

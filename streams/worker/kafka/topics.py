@@ -36,6 +36,7 @@ RETAINED_TABLE = "retained"
 EPISODES_TABLE = "episodes"
 VERSIONS_TABLE = "versions"  # which version replaced which (detectors/versions.py)
 VERSION_COUNTS_TABLE = "version_counts"  # what each version's finished runs did, windowed
+HOLD_COUNTS_TABLE = "hold_counts"  # what each on-call hold denied and let run, windowed
 # every table, in the order their changelogs are created (one each)
 TABLES = (
     RUNS_TABLE,
@@ -46,6 +47,7 @@ TABLES = (
     RUN_COUNTS_TABLE,
     VERSIONS_TABLE,
     VERSION_COUNTS_TABLE,
+    HOLD_COUNTS_TABLE,
 )
 WINDOW_SECONDS = 60.0
 WINDOW_EXPIRES_SECONDS = 24 * 3600.0
@@ -126,6 +128,7 @@ def topic_specs(settings: WorkerSettings, input_partitions: int | None) -> list[
         RUN_COUNTS_TABLE: windowed,
         VERSIONS_TABLE: compact,
         VERSION_COUNTS_TABLE: windowed,
+        HOLD_COUNTS_TABLE: windowed,
     }
     return [
         TopicSpec(s.input_topic, n_in, {}),

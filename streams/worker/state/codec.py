@@ -89,9 +89,10 @@ _PLAIN = (  # small ints and short strings: JSON is already compact for them
     "limit",
     "llm_turns",
     "guard_denied",
+    "holds",
 )
 # defaults of the fields added last, in order
-_PLAIN_ADDED: tuple[Any, ...] = (None, [], 0, 0, 0.0, 0, None, 0, [])
+_PLAIN_ADDED: tuple[Any, ...] = (None, [], 0, 0, 0.0, 0, None, 0, [], [])
 _PLAIN_FIRST = len(_PLAIN) - len(_PLAIN_ADDED)  # width of _PLAIN in the first states
 _TIMES = ("max_end_ns", "start_ns", "last_end_ns", "root_end_ns", "guard_ns")
 _FLAGS = (

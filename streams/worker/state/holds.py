@@ -16,13 +16,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from detectors.holds import Call, Hold, HoldError, HoldIndex, Scope, hold_from
-from detectors.model import TOOL, Step
+from detectors.model import Step, denials
 from streams.errors import BrokerError
 
 log = logging.getLogger("loopwatch.holds")
@@ -147,41 +147,35 @@ class HoldBook:
         body = json.dumps(docs, sort_keys=True, separators=(",", ":")).encode()
         return '"' + hashlib.sha256(body).hexdigest()[:24] + '"'
 
-    def unenforced(self, steps: Iterable[Step]) -> list[tuple[Hold, Step]]:
-        """Tool calls that ran under an active hold (started after it was placed, while it
-        held) and whose span carries no guard decision of its own: a hold nothing enforced.
-        The holds that name a tool call's labels only (service, agent, prompt version,
-        run) and those on its tool or on side effects are checked; calls a framework opened
-        a span for and then let the guard deny (the denial on that span) are not counted."""
+    def held_by(self, step: Step) -> str | None:
+        """The hold a tool call ran under with no guard decision of its own (a hold nothing
+        enforced): one active when the call started (placed before it, not yet released
+        or expired then). The holds that name a call's labels (service, agent, prompt
+        version, run), its tool or side effects are checked; a call a framework opened a
+        span for and then let the guard deny (the denial on that span) ran under none."""
         index = self._current_index()
         if index.size == 0:
-            return []
-        found = []
-        for step in steps:
-            if step.kind != TOOL:
-                continue
-            start = step.start_ns
+            return None
+        start = step.start_ns
 
-            def held_then(hold: Hold, start: int = start) -> bool:
-                return hold.created_ns < start < hold.expires_ns and (
-                    hold.released_ns is None or start < hold.released_ns
-                )
-
-            call = Call(
-                step.run_id,
-                step.name,
-                step.tool_version,
-                step.service_name,
-                step.agent_name,
-                step.prompt_version,
-                self.side_effect(step.name),
+        def held_then(hold: Hold) -> bool:
+            return hold.created_ns < start < hold.expires_ns and (
+                hold.released_ns is None or start < hold.released_ns
             )
-            hold = index.find(call, held_then)
-            if hold is not None and not any(
-                d.endswith(f" {step.call_id}") for d in step.denied_calls
-            ):
-                found.append((hold, step))
-        return found
+
+        call = Call(
+            step.run_id,
+            step.name,
+            step.tool_version,
+            step.service_name,
+            step.agent_name,
+            step.prompt_version,
+            self.side_effect(step.name),
+        )
+        hold = index.find(call, held_then)
+        if hold is None or any(d.call_id == step.call_id for d in denials(step)):
+            return None
+        return hold.id
 
     def _current_index(self) -> HoldIndex:
         """The index over every hold kept (rebuilt after a change)."""

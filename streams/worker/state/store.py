@@ -287,3 +287,5 @@ class Tables:
     # (streams/worker/agents/counting.py, detectors/versions.py)
     versions: Table = field(default_factory=dict)
     version_counts: Any = field(default_factory=lambda: collections.defaultdict(int))
+    # what each on-call hold did (detectors/holds.py HOLD_MEASURES), windowed
+    hold_counts: Any = field(default_factory=lambda: collections.defaultdict(int))
