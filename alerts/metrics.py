@@ -58,6 +58,8 @@ UNKNOWN = "unknown"
 OTHER = "other"
 
 #: processing latency buckets, seconds (explicit: the p99 panel and any SLO depend on them)
+# finer where the stages of a second's detection latency fall
+STAGE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.005,
     0.01,
@@ -316,6 +318,16 @@ class Metrics:
             PREFIX + "evicted_runs_total",
             "Runs dropped from detector state without a normal finish, by reason.",
             ["reason"],
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            PREFIX + "stage_seconds",
+            "Where detection latency goes, by stage (docs/PERFORMANCE.md): ingest (an input "
+            "record's timestamp to its steps sent), input_clock (unkeyed input: a run's "
+            "arrival at detect to the input clock vouching for it), tick (a tick sent to "
+            "handled).",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
             registry=r,
         )
         self.processing_latency = Histogram(

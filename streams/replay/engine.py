@@ -110,6 +110,9 @@ class Tally:
     def evicted_run(self) -> None:
         pass  # the replay has no capacity bound
 
+    def vouched(self, arrival_ns: int) -> None:
+        pass  # the replay has no input clock
+
     def held(self, call: HeldCall) -> None:
         pass  # holds live in the worker; a recording's denials name holds gone long since
 

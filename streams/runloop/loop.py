@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Protocol
 
@@ -39,6 +39,9 @@ from streams.runloop.deadlines import Deadline, DeadlineIndex
 log = logging.getLogger("loopwatch.worker")
 
 NS = 1_000_000_000
+# Arrivals of one run waiting for the input clock at once (Envelope.candidates): each is
+# released as soon as the clock passes it, not after the one before it was.
+MAX_CANDIDATES = 8
 
 # the order an exporter sends a run's spans in (as they end); ties fixed by the content
 _EXPORT_ORDER = attrgetter("end_ns", "span_id", "content_digest")
@@ -58,16 +61,32 @@ class Envelope:
     pending: int
     # Unkeyed input with the input clock (see RunLoop.apply): the run's event time the
     # clock has vouched for (None until then, and always with keyed input), and the
-    # arrival waiting for it: (clock, the run's latest end as of then).
+    # arrivals waiting for it, oldest first: (clock, the run's latest end as of then).
     confirmed_end_ns: int | None = None
-    candidate: tuple[int, int] | None = None
+    candidates: list[tuple[int, int]] = field(default_factory=list)
 
-    def vouch(self, clock_ns: int) -> None:
+    def vouch(self, clock_ns: int) -> int | None:
         """The input clock reached `clock_ns`: everything produced before then is ahead of
-        the message or tick carrying it, so the candidate arrival's event time is safe."""
-        if self.candidate is not None and clock_ns >= self.candidate[0]:
-            self.confirmed_end_ns = max(self.confirmed_end_ns or 0, self.candidate[1])
-            self.candidate = None
+        the message or tick carrying it, so the event time of every arrival up to then is
+        safe. Returns the oldest arrival it vouched for (None: none)."""
+        if not self.candidates:
+            return None
+        vouched = [c for c in self.candidates if c[0] <= clock_ns]
+        if not vouched:
+            return None
+        self.confirmed_end_ns = max(self.confirmed_end_ns or 0, *(end for _, end in vouched))
+        self.candidates = [c for c in self.candidates if c[0] > clock_ns]
+        return min(at for at, _ in vouched)
+
+    def arrived(self, clock_ns: int, max_end_ns: int) -> None:
+        """An arrival at `clock_ns` (sent at an input clock): its event time waits for the
+        clock to pass it. At most MAX_CANDIDATES wait: past that the newest takes the last
+        place (a later arrival vouches for an earlier one's end: it only waits longer)."""
+        candidates = self.candidates
+        if candidates and (candidates[-1][0] == clock_ns or len(candidates) >= MAX_CANDIDATES):
+            candidates[-1] = (clock_ns, max_end_ns)
+        else:
+            candidates.append((clock_ns, max_end_ns))
 
     def refresh(self, state: RunState) -> None:
         """The fields taken from the run's state."""
@@ -86,6 +105,7 @@ class Sink(Protocol):
     def after_finalize(self, spans: int) -> None: ...  # spans of a finished run: not fed
     def evicted_run(self) -> None: ...  # a run finalized early for capacity
     def held(self, call: HeldCall) -> None: ...  # a call an on-call hold decided (or should)
+    def vouched(self, arrival_ns: int) -> None: ...  # the input clock passed this arrival
 
 
 class RunStore(Protocol):
@@ -194,8 +214,8 @@ class RunLoop:
             # the lateness is the fallback for a clock that does not move; a candidate
             # arrival is vouched for by the first tick whose clock has passed it
             release_at = seen + self._lateness_ns
-            if env.candidate is not None:
-                release_at = min(release_at, env.candidate[0])
+            if env.candidates:
+                release_at = min(release_at, min(at for at, _ in env.candidates))
         # root ended: grace from the last arrival; else the idle timeout
         finalize_at = seen + (self._grace_ns if env.root_end_ns is not None else self._idle_ns)
         return Deadline(env.partition, seen, release_at, finalize_at)
@@ -220,8 +240,9 @@ class RunLoop:
         past that arrival comes in (everything produced before then has been forwarded,
         ahead of it). This holds when an exporter sends a trace's spans within
         `allowed_lateness` of their order, the assumption the replay makes about arrival
-        order. One candidate at a time: confirmation trails arrivals by about the input
-        clock's lag, however often the run's messages come."""
+        order. Each arrival waits for the clock on its own (up to MAX_CANDIDATES at once):
+        confirmation trails an arrival by about the input clock's lag, not by one lag for
+        each arrival queued before it."""
         store = self.store
         loaded = store.load(run_id)
         if loaded is None:
@@ -240,7 +261,8 @@ class RunLoop:
         for steps, sent_clock in batches:
             watermark = None  # the run's own latest end: arrivals are in export order
             if sent_clock is not None:
-                env.vouch(sent_clock)
+                if (arrival := env.vouch(sent_clock)) is not None:
+                    sink.vouched(arrival)
                 watermark = env.confirmed_end_ns or 0
             for step in steps:
                 # a fresh span (not one the run has seen) under a hold: counted for it
@@ -251,8 +273,8 @@ class RunLoop:
                 if fresh:
                     self._account(state, step, sink)
             findings.extend(pipeline.release(policy, state, watermark))
-            if sent_clock is not None and (env.candidate is None or env.candidate[0] == now_ns):
-                env.candidate = (now_ns, state.max_end_ns)
+            if sent_clock is not None:
+                env.arrived(now_ns, state.max_end_ns)
         for finding in findings:
             sink.event(self.event_of(finding, state))
         sink.counted(state.duplicate_spans - before_dup, state.late_spans - before_late)
@@ -292,14 +314,15 @@ class RunLoop:
             # run clock is its event time advanced by the time since that arrival. Before
             # it (a candidate's tick), what the clock vouches for, as a message would; the
             # last arrival becomes the next candidate.
-            env.vouch(now_ns)
+            if (arrival := env.vouch(now_ns)) is not None:
+                sink.vouched(arrival)
             if now_ns >= env.seen_ns:
                 env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
                 watermark = state.max_end_ns + (now_ns - env.seen_ns)
             else:
                 watermark = env.confirmed_end_ns or 0
-                if env.candidate is None:
-                    env.candidate = (env.seen_ns, state.max_end_ns)
+                if not env.candidates:
+                    env.arrived(env.seen_ns, state.max_end_ns)
             for finding in pipeline.release(policy, state, watermark):
                 sink.event(self.event_of(finding, state))
             env.refresh(state)

@@ -51,6 +51,15 @@ def rocksdb_memory(tables: Iterable[Any]) -> dict[str, int]:
     return out
 
 
+def commit_interval(s: Any) -> float:
+    """Unkeyed input: the input clock advances with the commits, so they come often (0.25 s);
+    keyed input has no input clock, and each faust commit flushes the producer first (a
+    pause: keyed p99 latency 2.5 s at 0.25 s against 1.2-1.5 s at 1.0 s)."""
+    if s.commit_interval_seconds is not None:
+        return float(s.commit_interval_seconds)
+    return 1.0 if s.input_keyed_by_run else 0.25
+
+
 def consumer_conf(s: Any) -> dict[str, Any]:
     """How the worker's faust app reads and commits (also bench/faust_floor.py's, which
     measures faust's own cost under the worker with exactly these)."""
@@ -58,7 +67,7 @@ def consumer_conf(s: Any) -> dict[str, Any]:
         "broker": s.broker_url,
         "processing_guarantee": "at_least_once",
         "consumer_auto_offset_reset": "earliest",
-        "broker_commit_interval": 1.0,
+        "broker_commit_interval": commit_interval(s),
         "broker_session_timeout": s.session_timeout_seconds,
         "broker_heartbeat_interval": min(3.0, s.session_timeout_seconds / 3),
         # a backlog is read in fetches of this size per partition: with faust's 1 MiB the

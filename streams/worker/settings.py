@@ -91,8 +91,17 @@ variable                                  default                     meaning
                                                                       1 MiB, starved the agents:
                                                                       half the worker's time was
                                                                       spent waiting for records)
-``LOOPWATCH_TICK_SECONDS``                ``1.0``                     timer period (releases,
-                                                                      finalization, cleanup)
+``LOOPWATCH_TICK_SECONDS``                ``0.25``                    timer period (releases,
+                                                                      finalization, cleanup,
+                                                                      the input clock's probe);
+                                                                      unkeyed detection latency
+                                                                      is about three of these
+``LOOPWATCH_COMMIT_INTERVAL_SECONDS``     ``0.25`` unkeyed,           how often processed input
+                                          ``1.0`` keyed               offsets are committed
+                                                                      (unkeyed: the input clock
+                                                                      advances with them; keyed:
+                                                                      each commit flushes faust's
+                                                                      producer, a pause)
 ``LOOPWATCH_OUTPUT_RETENTION_HOURS``      ``168``                     retention of created output,
                                                                       dead-letter topics
 ``LOOPWATCH_SESSION_TIMEOUT_SECONDS``     ``60``                      consumer group session: how
@@ -198,7 +207,10 @@ class WorkerSettings:
     linger_ms: int = 10
     producer_batch_kb: int = 256
     fetch_partition_mb: int = 16
-    tick_seconds: float = 1.0
+    # unkeyed input: a run's arrival waits for the input clock (a probe, a commit, a tick):
+    # at 1.0 s each the median detection latency was 2.0 s, at 0.25 s 1.1 s (docs/PERFORMANCE.md)
+    tick_seconds: float = 0.25
+    commit_interval_seconds: float | None = None  # None: 0.25 unkeyed, 1.0 keyed
     output_retention_hours: float = 168.0
     session_timeout_seconds: float = 60.0
     log_level: str = "warning"
@@ -319,6 +331,11 @@ class WorkerSettings:
                 "LOOPWATCH_FETCH_PARTITION_MB", d.fetch_partition_mb, 1, 1024
             ),
             "tick_seconds": reader.number("LOOPWATCH_TICK_SECONDS", d.tick_seconds, 0.05),
+            "commit_interval_seconds": (
+                reader.number("LOOPWATCH_COMMIT_INTERVAL_SECONDS", 1.0, 0.05)
+                if reader.has("LOOPWATCH_COMMIT_INTERVAL_SECONDS")
+                else None
+            ),
             "output_retention_hours": reader.number(
                 "LOOPWATCH_OUTPUT_RETENTION_HOURS", d.output_retention_hours, 1.0
             ),
@@ -404,6 +421,9 @@ def _host_port(text: str) -> bool:
 class _Reader:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
+
+    def has(self, name: str) -> bool:
+        return self._raw(name) is not None
 
     def _raw(self, name: str) -> str | None:
         value = self.env.get(name)

@@ -155,3 +155,18 @@ def test_worker_exits_2_with_one_line_on_bad_settings_or_policy(tmp_path: Path) 
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "allowed_repeats" in lines[0]
+
+
+def test_commits_come_often_only_where_the_input_clock_needs_them() -> None:
+    """Unkeyed input: the input clock advances with the group's commits (0.25 s); keyed
+    input has none, and each faust commit flushes the producer first (1 s). The setting
+    overrides both."""
+    from streams.worker.faust_app import commit_interval
+
+    assert commit_interval(WorkerSettings.from_env({})) == 0.25
+    keyed = WorkerSettings.from_env({"LOOPWATCH_INPUT_KEYED_BY_RUN": "true"})
+    assert commit_interval(keyed) == 1.0
+    chosen = {"LOOPWATCH_INPUT_KEYED_BY_RUN": "true", "LOOPWATCH_COMMIT_INTERVAL_SECONDS": "2"}
+    assert commit_interval(WorkerSettings.from_env(chosen)) == 2.0
+    with pytest.raises(ConfigError, match="LOOPWATCH_COMMIT_INTERVAL_SECONDS"):
+        WorkerSettings.from_env({"LOOPWATCH_COMMIT_INTERVAL_SECONDS": "0"})

@@ -50,6 +50,9 @@ class Recorder:
     def evicted_run(self) -> None:
         self.out.append(("evicted", None))
 
+    def vouched(self, arrival_ns: int) -> None:
+        self.out.append(("vouched", arrival_ns))
+
     def held(self, call: Any) -> None:
         self.out.append(("held", call))
 

@@ -244,6 +244,38 @@ def test_a_runs_last_message_is_released_once_the_input_clock_passes_its_arrival
     assert decode_envelope(worker.runs[run.trace_id.encode()])[1].pending == []
 
 
+def test_each_arrival_of_a_busy_run_is_released_one_clock_lag_after_it() -> None:
+    """Unkeyed input, a sequenced run whose messages come every 0.2 s while the input clock
+    trails by 1 s and ticks come every 0.05 s: each message's steps are released by the
+    first tick whose clock passes their arrival (one lag), not after the arrival before
+    them was vouched for and then their own (up to two lags: one candidate at a time, 1.65 s
+    here)."""
+    policy = stream_policy(allowed_lateness_seconds=5, idle_timeout_seconds=600)
+    run = Run(trace=23, sequenced=True)
+    for i in range(24):
+        run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "ok", "version": i})
+    worker = FakeWorker(policy)
+    arrivals: list[tuple[int, int]] = []  # (wall clock at arrival, steps up to then)
+    released_at: dict[int, int] = {}
+    for i in range(0, 24, 2):
+        worker.clock = worker.now - NS  # sent at an input clock a second behind
+        worker.feed(encode_request(run.spans[i : i + 2]))
+        arrivals.append((worker.now, i + 2))
+        for _ in range(4):  # 0.2 s between messages, in ticks of 0.05 s
+            worker.advance(0.05, clock_lag=1)
+            position = decode_envelope(worker.runs[run.trace_id.encode()])[1].position
+            released_at.setdefault(position, worker.now)
+    for _ in range(40):
+        worker.advance(0.05, clock_lag=1)
+        position = decode_envelope(worker.runs[run.trace_id.encode()])[1].position
+        released_at.setdefault(position, worker.now)
+    waits = []
+    for arrived, steps in arrivals:
+        done = min(t for position, t in released_at.items() if position >= steps)
+        waits.append((done - arrived) / NS)
+    assert max(waits) <= 1.0 + 0.05 + 1e-9, waits
+
+
 def test_release_timer_feeds_buffered_steps_without_a_new_span() -> None:
     policy = stream_policy(allowed_lateness_seconds=1, idle_timeout_seconds=600)
     run = Run(trace=9)
@@ -476,6 +508,11 @@ def test_wire_formats_round_trip() -> None:
     assert head == Envelope(3, 111, 100, state.max_end_ns, None, len(state.pending), 42)
     env, back = decode_envelope(raw)
     assert json.dumps(back.to_dict()) == json.dumps(state.to_dict()) and env == head
+    # arrivals waiting for the input clock, and the one pair written before there were more
+    waiting = Envelope(3, 111, 100, 0, None, 0, 42, [(111, 7), (112, 9)])
+    assert decode_header(encode_envelope(state, waiting)).candidates == [(111, 7), (112, 9)]
+    old = raw.replace(b'"cand":[]', b'"cand":[111,7]', 1)
+    assert old != raw and decode_header(old).candidates == [(111, 7)]
 
 
 def test_steps_messages_are_binary_exact_and_checked() -> None:

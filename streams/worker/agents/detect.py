@@ -193,6 +193,9 @@ class Detect:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
 
+    def stage_seconds(self, stage: str, seconds: float) -> None:
+        self.metrics.stage_seconds.labels(stage).observe(max(0.0, seconds))
+
     async def _collect(
         self,
         record: Any,
@@ -270,8 +273,12 @@ class Detect:
                 ts = ev.message.timestamp
                 if ts:
                     self.metrics.processing_latency.observe(max(0.0, now - ts))
+            for arrival_ns in out.vouched_arrivals:
+                self.stage_seconds("input_clock", now - arrival_ns / 1e9)
         for partition, (event, sent_at) in ticks.items():
             self.on_tick(partition)
+            if event.message.timestamp:
+                self.stage_seconds("tick", time.time() - event.message.timestamp)
             # The clock as the tick was sent, not as it is now: a step delivered after the
             # send (and committed, advancing the clock) may still be queued behind the tick.
             now_ns = self.clock.now_ns() if sent_at is None else sent_at
@@ -282,6 +289,9 @@ class Detect:
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue
+            now = time.time()
+            for arrival_ns in out.vouched_arrivals:
+                self.stage_seconds("input_clock", now - arrival_ns / 1e9)
             outputs.append((partition, out))
             partition_event[partition] = event
         return outputs

@@ -52,6 +52,7 @@ class Outputs:
     late_spans: int = 0  # behind released steps of their run (out of order): still fed
     duplicate_spans: int = 0
     held_calls: list[HeldCall] = field(default_factory=list)  # calls an on-call hold decided
+    vouched_arrivals: list[int] = field(default_factory=list)  # the input clock passed them
 
     def event(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -71,6 +72,9 @@ class Outputs:
 
     def evicted_run(self) -> None:
         self.evicted += 1
+
+    def vouched(self, arrival_ns: int) -> None:
+        self.vouched_arrivals.append(arrival_ns)
 
     def held(self, call: HeldCall) -> None:
         self.held_calls.append(call)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from detectors.model import Step
@@ -124,6 +125,10 @@ class Ingest:
             return sent
         for out in outgoing:
             sent.append(await self.publisher.send(out))
+        if message.timestamp:
+            self.reader.metrics.stage_seconds.labels("ingest").observe(
+                max(0.0, time.time() - message.timestamp)
+            )
         self.counters["step_messages_sent"] += len(outgoing)
         self.reader.count(message.topic, n_spans)
         return sent

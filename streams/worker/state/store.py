@@ -56,7 +56,7 @@ def encode_header(env: Envelope) -> bytes:
             "root_end": env.root_end_ns,
             "pending": env.pending,
             "confirmed": env.confirmed_end_ns,
-            "cand": env.candidate,
+            "cand": env.candidates,
         },
         separators=(",", ":"),
     ).encode("utf-8")
@@ -73,7 +73,9 @@ def decode_header(raw: bytes) -> Envelope:
     h = json.loads(head)
     if h.get("v") != ENVELOPE_VERSION:
         raise ValueError(f"run envelope version {h.get('v')!r} is not {ENVELOPE_VERSION}")
-    candidate = h.get("cand")  # these two are absent in envelopes written before them
+    cand = h.get("cand")  # these two are absent in envelopes written before them
+    if cand and not isinstance(cand[0], list):
+        cand = [cand]  # one [clock, end] pair: written before several could wait
     return Envelope(
         h["p"],
         h["seen"],
@@ -82,7 +84,7 @@ def decode_header(raw: bytes) -> Envelope:
         h["root_end"],
         h["pending"],
         h.get("confirmed"),
-        (candidate[0], candidate[1]) if candidate else None,
+        [(c[0], c[1]) for c in cand or ()],
     )
 
 
