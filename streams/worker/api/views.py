@@ -173,44 +173,40 @@ class Views:
                 doc["runs_partial"] = True  # more episodes in the window than one answer reads
             return view.json(doc)
 
-        async def runs_page(view: Any, request: Any) -> Any:
+        async def summed(
+            view: Any,
+            request: Any,
+            items: Any,
+            labels: tuple[str, ...],
+            value_name: str,
+            default_since: str | None = None,
+        ) -> Any:
+            """A windowed count table summed by all its labels over `since=`, on every
+            worker (GET /runs, GET /hold-counts)."""
             if (resp := denied(view, request)) is not None:
                 return resp
             try:
-                since, seconds = parse_since(request.query.get("since"))
+                since, seconds = parse_since(request.query.get("since") or default_since)
             except BadRequest as exc:
                 return view.json({"error": str(exc)}, status=400)
-            by = list(RUN_LABELS)
+            by = list(labels)
             covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
-            rows = sum_windows(
-                views.run_counts.items(), RUN_LABELS, by, seconds, time.time(), "runs"
-            )
+            rows = sum_windows(items, labels, by, seconds, time.time(), value_name)
             try:
-                rows = await views.gather_peers(request, rows, by, "runs")
+                rows = await views.gather_peers(request, rows, by, value_name)
             except PeerError as exc:
                 return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
             return view.json({**covered, "rows": rows})
 
+        async def runs_page(view: Any, request: Any) -> Any:
+            return await summed(view, request, views.run_counts.items(), RUN_LABELS, "runs")
+
         async def hold_counts_page(view: Any, request: Any) -> Any:
             """GET /hold-counts?since=24h: per on-call hold, the calls it denied, the calls
-            that ran under it undecided and the runs it touched (detectors/holds.py), on
-            every worker: rows of hold_id, measure, calls."""
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                since, seconds = parse_since(request.query.get("since") or "24h")
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            by = list(HOLD_LABELS)
-            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
-            rows = sum_windows(
-                views.hold_counts.items(), HOLD_LABELS, by, seconds, time.time(), "calls"
-            )
-            try:
-                rows = await views.gather_peers(request, rows, by, "calls")
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return view.json({**covered, "rows": rows})
+            that ran under it undecided and the runs it touched (detectors/holds.py): rows
+            of hold_id, measure, calls."""
+            items = views.hold_counts.items()
+            return await summed(view, request, items, HOLD_LABELS, "calls", "24h")
 
         async def find_page(view: Any, request: Any) -> Any:
             """GET /find?run=PREFIX: the runs whose id starts with PREFIX, on every worker."""
