@@ -259,9 +259,9 @@ def test_no_canary_in_topics_api_metrics_logs_or_store(sides: tuple[Canaries, li
         )
         changelogs = [t for t in topics if t.endswith("-changelog")]
         assert set(w.topics.values()) <= set(topics), topics
-        # one changelog per table, the versions tables included (their keys hold names,
-        # never content: scanned like the others)
-        assert len(TABLES) == 8
+        # one changelog per table, the versions and hold counts tables included (their keys
+        # hold names and hold ids, never content: scanned like the others)
+        assert len(TABLES) == 9
         assert sorted(changelogs) == sorted(f"{w.app_id}-{t}-changelog" for t in TABLES), topics
         counts: dict[str, int] = {}
         for topic in topics:
@@ -296,6 +296,7 @@ def test_no_canary_in_topics_api_metrics_logs_or_store(sides: tuple[Canaries, li
             f"/find?run={sorted(side.run_ids)[0][:8]}",
             "/loops?by=colour",
             "/runs?since=forever",
+            "/hold-counts",
             "/runs/" + "r" * 600,
             "/nothing-here",
         ):
