@@ -462,6 +462,8 @@ BAD_QUERIES = [
     "/runs?since=abc",
     "/runs?since=-1h",
     "/runs?since=",
+    "/hold-counts?since=",
+    "/hold-counts?since=abc",
     "/runs/" + "x" * 513,
 ]
 

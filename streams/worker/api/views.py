@@ -186,7 +186,8 @@ class Views:
             if (resp := denied(view, request)) is not None:
                 return resp
             try:
-                since, seconds = parse_since(request.query.get("since") or default_since)
+                # absent: the default; empty or anything unreadable: 400
+                since, seconds = parse_since(request.query.get("since", default_since))
             except BadRequest as exc:
                 return view.json({"error": str(exc)}, status=400)
             by = list(labels)
