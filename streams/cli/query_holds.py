@@ -13,7 +13,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from detectors.holds import DENIED, EXECUTED, RUNS
+from detectors.holds import DENIED, EXECUTED, HOLD_MEASURES, RUNS
 from streams.cli.render import Block, table, write
 
 DEFAULT_SINCE = "24h"  # the counters keep a day (the policy's default longest hold)
@@ -35,7 +35,7 @@ def report(
     hold id the workers no longer know (pruned, or named by a span alone) get a row too."""
     by_hold: dict[str, dict[str, int]] = {}
     for row in counts.get("rows", []):
-        if isinstance(row, dict) and row.get("measure") in (DENIED, EXECUTED, RUNS):
+        if isinstance(row, dict) and row.get("measure") in HOLD_MEASURES:
             into = by_hold.setdefault(str(row.get("hold_id")), {})
             into[row["measure"]] = into.get(row["measure"], 0) + int(row.get("calls", 0))
     rows = []

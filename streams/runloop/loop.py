@@ -265,13 +265,15 @@ class RunLoop:
                     sink.vouched(arrival)
                 watermark = env.confirmed_end_ns or 0
             for step in steps:
-                # a fresh span (not one the run has seen) under a hold: counted for it
-                fresh = (
-                    step.denied_calls or (held_by is not None and step.kind == TOOL)
-                ) and step.span_id not in state.dedup
+                # a span the run has not seen yet, under a hold: counted for it, once
+                ran_under = held_by(step) if held_by is not None and step.kind == TOOL else None
+                counted = (ran_under is not None or step.denied_calls) and (
+                    step.span_id not in state.dedup
+                )
                 findings.extend(pipeline.ingest(policy, state, step))
-                if fresh:
-                    self._account(state, step, sink)
+                if counted:
+                    for call in holds.account(state.holds, step, ran_under):
+                        sink.held(call)
             findings.extend(pipeline.release(policy, state, watermark))
             if sent_clock is not None:
                 env.arrived(now_ns, state.max_end_ns)
@@ -282,13 +284,6 @@ class RunLoop:
         env.refresh(state)
         store.save(run_id, env, state)
         self.index.set(run_id, self.deadline_for(env))
-
-    def _account(self, state: RunState, step: Step, sink: Sink) -> None:
-        held_by = self.held_by
-        ran_under = held_by(step) if held_by is not None and step.kind == TOOL else None
-        if ran_under is not None or step.denied_calls:
-            for call in holds.account(state.holds, step, ran_under):
-                sink.held(call)
 
     def due(self, partition: int, now_ns: int, sink: Sink) -> None:
         """Releases, finalizations and evictions of `partition` due by `now_ns`."""

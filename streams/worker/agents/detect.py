@@ -273,8 +273,6 @@ class Detect:
                 ts = ev.message.timestamp
                 if ts:
                     self.metrics.processing_latency.observe(max(0.0, now - ts))
-            for arrival_ns in out.vouched_arrivals:
-                self.stage_seconds("input_clock", now - arrival_ns / 1e9)
         for partition, (event, sent_at) in ticks.items():
             self.on_tick(partition)
             if event.message.timestamp:
@@ -289,9 +287,10 @@ class Detect:
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue
-            now = time.time()
-            for arrival_ns in out.vouched_arrivals:
-                self.stage_seconds("input_clock", now - arrival_ns / 1e9)
             outputs.append((partition, out))
             partition_event[partition] = event
+        now = time.time()  # arrivals the input clock vouched for, by messages or ticks
+        for _partition, out in outputs:
+            for arrival_ns in out.vouched_arrivals:
+                self.stage_seconds("input_clock", now - arrival_ns / 1e9)
         return outputs
