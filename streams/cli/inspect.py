@@ -22,6 +22,7 @@ from detectors.errors import LoopwatchError
 from detectors.model import OTHER, Step
 from detectors.policy import Policy, load_policy
 from detectors.profile_suggest import Observed, observe, profile_name, suggest
+from streams.spanpath.limits import declared_limit
 from streams.spanpath.normalize import STEP_ERRORS, Normalizer
 from streams.spanpath.spans import SpanRecord
 
@@ -53,6 +54,8 @@ def describe(step: Step, profile: str, rule: str | None) -> dict[str, Any]:
         "prompt_version": step.prompt_version,
         "tool_version": step.tool_version,
         "termination": step.termination,
+        "limit": step.step_limit,
+        "limit_counts": step.limit_counts if step.step_limit is not None else None,
     }
     row.update({k: v for k, v in optional.items() if v is not None})
     if step.kind == "tool" and step.result_fp is None and step.error_code is None:
@@ -79,6 +82,9 @@ class Inspection:
                 self.invalid.append(f"span {span.span_id}: {type(exc).__name__}")
                 continue
             row = describe(step, profile.name, rule)
+            if step.step_limit is not None:
+                declared = declared_limit(span.attributes)
+                row["limit_from"] = declared.where if declared is not None else "?"
             self.runs[step.run_id].append((span.start_ns, span.end_ns, row, span.name))
             if step.kind == OTHER:
                 keys = tuple(sorted(span.attributes))

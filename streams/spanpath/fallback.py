@@ -9,12 +9,15 @@ A span that is not the root and that no kind rule matched is
   GenAI, OpenInference and OpenLLMetry keys, or any namespace's `<x>.request.model`,
   `<x>.usage.input_tokens`, `<x>.finish_reason`, ...);
 * else a **tool call** when it carries a tool name (a non-empty string) under a tool key
-  (`gen_ai.tool.name`, `tool.name`, or any namespace's `<x>.tool.name` / `<x>.tool_name`).
+  (`gen_ai.tool.name`, `tool.name`, or any namespace's `<x>.tool.name` / `<x>.tool_name` /
+  `<x>.toolName`).
 
 Its fields the profile did not read come from the same kind of keys: a tool's arguments and
 result (`gen_ai.tool.call.arguments` / `.result`, `gen_ai.tool.input` / `.output`,
-`input.value` / `output.value`, `<x>.tool.input` / `.output`, ..., and plain `input` /
-`output` only when they hold a JSON object or array), a model turn's tokens and model. Its
+`input.value` / `output.value`, `<x>.tool.input` / `.output`, ..., camelCase layouts'
+`<x>.args` / `<x>.arguments` and `<x>.result` / `<x>.output` under any prefix, and plain
+`input` / `output` only when they hold a JSON object or array; the call id from
+`<x>.tool.call.id`, `<x>.toolCallId`, ...), a model turn's tokens and model. Its
 error comes from the span status and exception events, as for any tool. A key is looked for
 among the exact keys first (in the order below), then among the span's attributes in their
 order for the first one ending with a suffix. Never a span name: names are what differ.
@@ -76,7 +79,7 @@ MODEL = Keys(
 )
 TOOL_NAME = Keys(
     ("gen_ai.tool.name", "tool.name"),
-    (".tool.name", ".tool_name", ".toolCall.name", ".tool_call.name"),
+    (".tool.name", ".tool_name", ".toolName", ".toolCall.name", ".tool_call.name"),
 )
 
 # field -> where it is read from, per kind
@@ -85,32 +88,19 @@ FIELDS: dict[str, dict[str, Keys]] = {
         "tool_name": TOOL_NAME,
         "arguments": Keys(
             ("gen_ai.tool.call.arguments", "gen_ai.tool.input", "tool.parameters", "input.value"),
-            (
-                ".tool.call.arguments",
-                ".tool.arguments",
-                ".tool.input",
-                ".tool.args",
-                ".toolCall.args",
-                ".toolCall.input",
-                ".tool_call.arguments",
-            ),
+            # any prefix: <x>.tool.args, <x>.toolCall.args, <x>.tool.call.arguments, ...
+            (".tool.input", ".toolCall.input", ".args", ".arguments"),
             ("input",),
         ),
         "result": Keys(
             ("gen_ai.tool.call.result", "gen_ai.tool.output", "output.value"),
-            (
-                ".tool.call.result",
-                ".tool.result",
-                ".tool.output",
-                ".toolCall.result",
-                ".toolCall.output",
-                ".tool_call.result",
-            ),
+            # any prefix: <x>.tool.result, <x>.toolCall.result, <x>.tool.output, ...
+            (".result", ".output"),
             ("output",),
         ),
         "call_id": Keys(
             ("gen_ai.tool.call.id", "tool_call.id"),
-            (".tool.call.id", ".tool_call_id", ".toolCall.id", ".tool_call.id"),
+            (".tool.call.id", ".tool_call_id", ".toolCallId", ".toolCall.id", ".tool_call.id"),
         ),
     },
     LLM: {

@@ -468,7 +468,7 @@ class Normalizer:
         step.name = step.agent_name or ident(span.name)
         limit = declared_limit(span.attributes)
         if limit is not None:
-            step.step_limit, step.limit_counts = limit
+            step.step_limit, step.limit_counts = limit.limit, limit.counts
         # None: nothing said why; the pipeline decides at finalization (inferred from the run,
         # or the default for a root that ended OK / failed), and says which in the summary.
         step.termination = termination_reason(

@@ -219,6 +219,7 @@ def fixture_messages() -> list[tuple[str, bytes]]:
     out = []
     files = sorted(
         [*(ROOT / "tests" / "fixtures" / "frameworks").glob("*.pb")]
+        + [*(ROOT / "tests" / "fixtures" / "unnamed").glob("*.pb")]
         + [*(ROOT / "tests" / "fixtures" / "frameworks").glob("*.jsonl")]
         + [*(ROOT / "examples").glob("*.pb")]
         + [*(ROOT / "examples").glob("*.jsonl")]
@@ -248,7 +249,8 @@ JSON_FIXTURES = json_fixture_messages()
 
 def test_fixtures_are_covered() -> None:
     assert len(FIXTURES) > 50
-    assert any("frameworks" in s for s, _ in FIXTURES) and any("examples" in s for s, _ in FIXTURES)
+    for place in ("frameworks", "unnamed", "examples"):
+        assert any(place in s for s, _ in FIXTURES), place
 
 
 @pytest.mark.parametrize("source,data", FIXTURES, ids=[s for s, _ in FIXTURES])
@@ -305,6 +307,14 @@ def _all_keys() -> list[str]:
             "zz.tool.input",
             "zz.tool.output",
             "zz.tool.call.id",
+            # camelCase layouts: <x>.toolCall.toolName / toolCallId / args / result
+            "zz.toolCall.toolName",
+            "zz.toolCall.toolCallId",
+            "zz.toolCall.args",
+            "zz.toolCall.result",
+            "qq.toolName",
+            "qq.arguments",
+            "qq.output",
             "gen_ai.tool.input",
             "gen_ai.tool.output",
             "input",
@@ -314,6 +324,9 @@ def _all_keys() -> list[str]:
             "zz.maxTurns",
             "recursion_limit",
             "max-llm-calls",
+            # limits inside JSON values: positional-argument objects, an input's kwargs
+            "zz.agent.argument.1",
+            "input.value",
         ]
     )
     return sorted(keys)
@@ -431,6 +444,13 @@ JSON_VALUES = st.recursive(
                     "function",
                     "toolName",
                     "input",
+                    # limit keys inside JSON values (streams/spanpath/limits.py)
+                    "max_steps",
+                    "maxSteps",
+                    "MAX-TURNS",
+                    "recursion_limit",
+                    "config",
+                    "methodType",
                 ]
             )
             | st.text(max_size=4),
@@ -1027,3 +1047,39 @@ def test_the_guards_hold_ids_are_identical_on_both_paths() -> None:
     (root,) = [normalizer.step(s) for s in decode_proto_py(data)]
     holds = [d.split(" ", 2)[1] for d in root.denied_calls]
     assert holds == ["hold-0a1b2c3d4e", "a:b.c_d-E9", "-", "-", "x" * 64, "-", "-", "-"]
+
+
+def test_limits_inside_json_values_are_identical_on_both_paths() -> None:
+    """A declared limit inside an attribute's JSON object, as both paths read it: nearer
+    levels first, at most three objects deep, never inside a list, an integer only, and an
+    integer attribute before any JSON value (the generated requests rarely nest a limit key
+    at a given depth)."""
+    from tests.otlp_build import encode_request
+    from tests.spankit import Run
+
+    cases: list[tuple[dict[str, Any], tuple[int, str] | None]] = [
+        ({"input.value": json.dumps({"kwargs": {"max_steps": 6, "x": 1}})}, (6, "llm")),
+        ({"z.argument.1": json.dumps({"maxSteps": 4, "methodType": "generate"})}, (4, "llm")),
+        ({"a": json.dumps({"b": {"c": {"recursion_limit": 9}}})}, (9, "steps")),
+        ({"a": json.dumps({"b": {"c": {"d": {"max_steps": 9}}}})}, None),  # four deep
+        ({"a": json.dumps({"args": [{"max_steps": 5}]})}, None),  # inside a list
+        ({"a": json.dumps({"max_steps": True, "maxTurns": 2.0})}, None),
+        ({"a": json.dumps({"max_steps": 2**64})}, None),
+        ({"a": json.dumps({"cfg": {"max_steps": 3}, "max_tool_calls": 7})}, (7, "tool")),
+        ({"a": json.dumps({"max_steps": 3}), "zz.maxTurns": 8}, (8, "llm")),
+        ({"a": '{"\\u006daxSteps": 3}'}, None),  # the text never says max
+        ({"a": " " + json.dumps({"MAX-TURNS": 5}) + "\n"}, (5, "llm")),
+        ({"a": {"kwargs": {"max_iterations": 11}}}, (11, "llm")),  # a kvlist value
+        ({"a": json.dumps({"max_steps": 0}), "b": json.dumps({"k": {"maxSteps": 2}})}, (2, "llm")),
+        ({"a": '[1, {"max_steps": 3}]', "b": "not json, max 3"}, None),
+    ]
+    normalizer = Normalizer(next(iter(POLICIES.values())), Fingerprinter(None))
+    for attrs, want in cases:
+        run = Run(trace=11)
+        run.root(attrs=attrs)
+        data = encode_request(run.spans)
+        for encoding, message in ((OTLP_PROTO, data), (OTLP_JSON, proto_to_json_bytes(data))):
+            check(message, must_be_native=True, encoding=encoding)
+        (root,) = [normalizer.step(s) for s in decode_proto_py(data)]
+        got = None if root.step_limit is None else (root.step_limit, root.limit_counts)
+        assert got == want, attrs

@@ -78,9 +78,9 @@ mod view;
 use self::calls::*;
 use self::sketch::*;
 use self::spans::*;
-use self::termination::denied_calls;
 use self::spec::*;
 use self::step::*;
+use self::termination::denied_calls;
 use self::values::*;
 
 // Field indices: the recognition FIELDS (detectors/recognition.py) then the policy's own.

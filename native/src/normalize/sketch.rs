@@ -126,7 +126,8 @@ fn add_words<'v>(text: &'v [u8], found: &mut Found<'v>) {
 const SPACE: [u8; 6] = [b' ', b'\t', b'\n', b'\r', 0x0b, 0x0c];
 
 fn is_url(b: &[u8]) -> bool {
-    (b.starts_with(b"http://") || b.starts_with(b"https://")) && !b.iter().any(|c| SPACE.contains(c))
+    (b.starts_with(b"http://") || b.starts_with(b"https://"))
+        && !b.iter().any(|c| SPACE.contains(c))
 }
 
 /// A short string without whitespace that is not one plain word (sketch.py `_is_identifier`).
@@ -246,15 +247,15 @@ fn walk_args<'v, 'a>(
                 keys.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
                 for (key, item) in keys {
                     path.push(V::Str(key.clone()));
-                    let go_on = if names_identifier(key) || (depth == 0 && Some(key.as_ref()) == cursor)
-                    {
-                        if let Some(out) = identity {
-                            out.push(V::List(vec![V::List(path.clone()), item.clone()]));
-                        }
-                        true
-                    } else {
-                        walk_args(item, depth + 1, path, cursor, found, identity)
-                    };
+                    let go_on =
+                        if names_identifier(key) || (depth == 0 && Some(key.as_ref()) == cursor) {
+                            if let Some(out) = identity {
+                                out.push(V::List(vec![V::List(path.clone()), item.clone()]));
+                            }
+                            true
+                        } else {
+                            walk_args(item, depth + 1, path, cursor, found, identity)
+                        };
                     path.pop();
                     if !go_on {
                         return false;
@@ -509,13 +510,34 @@ impl SpanPath {
             let mut path = Vec::new();
             match &sim.arguments {
                 None => {
-                    walk_args(&domain, 0, &mut path, cursor, &mut Some(&mut found), &mut Some(&mut identity));
+                    walk_args(
+                        &domain,
+                        0,
+                        &mut path,
+                        cursor,
+                        &mut Some(&mut found),
+                        &mut Some(&mut identity),
+                    );
                     sketch = self.sketch_of(&found);
                 }
                 Some(names) => {
-                    walk_args(&domain, 0, &mut path, cursor, &mut None, &mut Some(&mut identity));
+                    walk_args(
+                        &domain,
+                        0,
+                        &mut path,
+                        cursor,
+                        &mut None,
+                        &mut Some(&mut identity),
+                    );
                     let picked = V::Dict(pick(&merged, names));
-                    walk_args(&picked, 0, &mut path, cursor, &mut Some(&mut found), &mut None);
+                    walk_args(
+                        &picked,
+                        0,
+                        &mut path,
+                        cursor,
+                        &mut Some(&mut found),
+                        &mut None,
+                    );
                     sketch = self.sketch_of(&found);
                 }
             }

@@ -15,31 +15,16 @@ impl SpanPath {
             Some(a) => a.clone(),
             None => ident_text(span.name),
         };
-        // a declared step limit (streams/spanpath/limits.py)
-        for (k, v) in &span.attrs {
-            if let V::Int(n) = v {
-                if *n > 0 {
-                    let segment = k.rsplit('.').next().unwrap_or("");
-                    if segment.is_ascii() {
-                        let name: String = segment
-                            .chars()
-                            .filter(|c| *c != '_' && *c != '-')
-                            .map(|c| c.to_ascii_lowercase())
-                            .collect();
-                        if let Some(counted) = self.limit_names.get(&name) {
-                            o.step_limit = Some(*n);
-                            o.limit_counts = Some(counted.clone());
-                            break;
-                        }
-                    }
-                }
-            }
+        if let Some((n, counted)) = self.declared_limit(&span.attrs)? {
+            o.step_limit = Some(n);
+            o.limit_counts = Some(counted);
         }
         let p = f.profile;
         let mut reason: Option<String> = None;
         for e in &span.events {
             // an observe-mode guard decided and recorded, and the run went on: not a stop
-            let observed = matches!(aget(&e.attrs, "loopwatch.guard.mode"), Some(V::Str(m)) if m == "observe");
+            let observed =
+                matches!(aget(&e.attrs, "loopwatch.guard.mode"), Some(V::Str(m)) if m == "observe");
             if e.name == "loop_guard" && !observed {
                 o.guard_ns = Some(match o.guard_ns {
                     None => e.time,
@@ -109,6 +94,89 @@ impl SpanPath {
     }
 }
 
+/// The deepest level of objects read inside one attribute's JSON value (limits.py MAX_JSON_DEPTH).
+const MAX_JSON_DEPTH: usize = 3;
+
+impl SpanPath {
+    /// The run's declared limit (streams/spanpath/limits.py `declared_limit`): the first
+    /// integer attribute whose key names one; else the first JSON object an attribute holds
+    /// with such a key inside, nearer levels first.
+    fn declared_limit(&self, attrs: &[(&str, V<'_>)]) -> R<Option<(i64, String)>> {
+        for (k, v) in attrs {
+            if let V::Int(n) = v {
+                if *n > 0 {
+                    if let Some(counted) = self.limit_names.get(&limit_name(k)) {
+                        return Ok(Some((*n, counted.clone())));
+                    }
+                }
+            }
+        }
+        for (_, v) in attrs {
+            let parsed;
+            let doc = match v {
+                V::Str(text) if may_name_a_limit(text) => {
+                    parsed = as_json(v)?;
+                    &parsed
+                }
+                other => other,
+            };
+            if let V::Dict(_) = doc {
+                if let Some(found) = self.limit_inside(doc) {
+                    return Ok(Some(found));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn limit_inside(&self, doc: &V<'_>) -> Option<(i64, String)> {
+        let mut level: Vec<&V<'_>> = vec![doc];
+        for _ in 0..MAX_JSON_DEPTH {
+            let mut deeper = Vec::new();
+            for obj in level {
+                if let V::Dict(items) = obj {
+                    for (k, v) in items {
+                        match v {
+                            V::Int(n) => {
+                                if *n > 0 {
+                                    if let Some(c) = self.limit_names.get(&limit_name(k)) {
+                                        return Some((*n, c.clone()));
+                                    }
+                                }
+                            }
+                            V::Dict(_) => deeper.push(v),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            level = deeper;
+        }
+        None
+    }
+}
+
+/// limits.py `limit_name`: the key's last segment, lower case, without "_" and "-" ("" when
+/// it is not ASCII).
+fn limit_name(key: &str) -> String {
+    let segment = key.rsplit('.').next().unwrap_or("");
+    if !segment.is_ascii() {
+        return String::new();
+    }
+    segment
+        .chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// limits.py `_MAY_NAME_A_LIMIT`: "max" or "limit" in the text, ASCII case ignored.
+fn may_name_a_limit(text: &str) -> bool {
+    let b = text.as_bytes();
+    let has = |word: &[u8]| b.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word));
+    has(b"max") || has(b"limit")
+}
+
 pub(super) fn last_message_text(doc: &V<'_>) -> Option<String> {
     let messages = match doc.get("messages") {
         Some(V::List(m)) if !m.is_empty() => m,
@@ -165,7 +233,8 @@ fn hold_token<'a>(value: Option<&'a V<'_>>) -> &'a str {
         Some(V::Str(h))
             if !h.is_empty()
                 && h.len() <= 64
-                && h.bytes().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(&c)) =>
+                && h.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(&c)) =>
         {
             h.as_ref()
         }
