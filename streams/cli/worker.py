@@ -195,6 +195,13 @@ def bounded_worker(base: Any, stop: BoundedStop) -> Any:
     """faust's Worker class whose signal handling first arms `stop`."""
 
     class BoundedWorker(base):  # type: ignore[misc]
+        def _install_signal_handlers_unix(self) -> None:
+            super()._install_signal_handlers_unix()
+            # a closed terminal (SIGHUP) stops the worker as SIGTERM does: it leaves its
+            # consumer group, flushes and commits (mode's Worker does not handle it: the
+            # worker died, and its group member stayed registered for the session timeout)
+            self.loop.add_signal_handler(signal.SIGHUP, self._schedule_shutdown, signal.SIGHUP)
+
         def _schedule_shutdown(self, signum: signal.Signals) -> None:
             stop.arm(signum)
             super()._schedule_shutdown(signum)

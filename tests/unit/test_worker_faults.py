@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -200,6 +201,35 @@ def test_state_dir_prepare(tmp_path: Path) -> None:
     moved = statedir.prepare(data, "app", rocksdb=True)
     assert [p.name.split(".damaged-")[0] for p in moved] == ["runs-1.db"]
     assert (tables / "runs-0.db").is_dir() and not (tables / "runs-1.db").exists()
+
+
+def test_a_closed_terminal_stops_the_worker_as_sigterm_does() -> None:
+    """SIGHUP (the terminal of `loopwatch worker` or `make run` closed) schedules the same
+    bounded shutdown as SIGTERM, on mode's real Worker: before, mode installed no handler
+    and the worker died of it without leaving its consumer group."""
+    import asyncio
+    import signal
+
+    from mode import Worker
+
+    from streams.cli.worker import bounded_worker
+
+    armed: list[int] = []
+    stop = SimpleNamespace(arm=armed.append)
+    loop = asyncio.new_event_loop()
+    try:
+        worker = bounded_worker(Worker, stop)(loop=loop)  # type: ignore[arg-type]
+        scheduled: list[int] = []
+        worker._stop_on_signal = lambda signum: scheduled.append(signum) or asyncio.sleep(0)
+        worker.install_signal_handlers()
+        handle = loop._signal_handlers[signal.SIGHUP]  # type: ignore[attr-defined]
+        handle._run()
+        loop.run_until_complete(asyncio.sleep(0))
+        assert armed == [signal.SIGHUP] and scheduled == [signal.SIGHUP]
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        loop.close()
 
 
 def test_bounded_stop_exits_after_the_bound(
