@@ -28,8 +28,9 @@ log = logging.getLogger("loopwatch.worker")
 
 
 # rocksdb's memory by what holds it (summed over every open table partition): the memtables
-# and block caches are bounded by LOOPWATCH_ROCKSDB_*; the table readers (SST index and
-# filter blocks) grow with the data on disk.
+# and the block cache are bounded by LOOPWATCH_ROCKSDB_* (one cache and one write buffer
+# manager for every partition: faust_internals.StoreMemory); the table readers (SST index
+# and filter blocks) are kept in that cache, so what is left outside it stays small.
 _ROCKSDB_MEMORY = {
     "memtables": "rocksdb.cur-size-all-mem-tables",
     "block_cache": "rocksdb.block-cache-usage",
@@ -37,17 +38,24 @@ _ROCKSDB_MEMORY = {
 }
 
 
-def rocksdb_memory(tables: Iterable[Any]) -> dict[str, int]:
-    """/healthz `store_memory_bytes`: empty for the in-memory store."""
+def rocksdb_memory(
+    tables: Iterable[Any], shared: faust_internals.StoreMemory | None = None
+) -> dict[str, int]:
+    """/healthz `store_memory_bytes`: empty for the in-memory store. A cache shared by the
+    partitions is counted once (every partition reports all of it)."""
     out: dict[str, int] = {}
     for table in tables:
         for db in faust_internals.table_databases(table):
             for name, prop in _ROCKSDB_MEMORY.items():
+                if shared is not None and name == "block_cache":
+                    continue
                 try:
                     value = db.property_int_value(prop)
                 except Exception:  # a closed or foreign db: not worth a failed health answer
                     continue
                 out[name] = out.get(name, 0) + int(value or 0)
+    if shared is not None and out:
+        out["block_cache"] = shared.usage()["block_cache"]
     return out
 
 
@@ -211,7 +219,12 @@ class LoopwatchService:
             request_stop=lambda: os.kill(os.getpid(), signal.SIGTERM),
         )
 
-        worker.store_memory = lambda: rocksdb_memory(self.all_tables)
+        # one cache and one write buffer manager for every table partition (before any opens)
+        store_memory = faust_internals.StoreMemory(
+            s.rocksdb_block_cache_mb * 2**20, s.rocksdb_memtables_mb * 2**20
+        )
+        faust_internals.share_store_memory(self.all_tables, store_memory)
+        worker.store_memory = lambda: rocksdb_memory(self.all_tables, store_memory)
 
         async def on_recover() -> None:
             worker.recovered(self.assigned_partitions())

@@ -8,6 +8,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `install_recovery_fix` | the end-of-recovery race below (faust-streaming #216 fixed it for apps without tables in #217; #253, which stopped fetching on suspend, was reverted in #256) | patch |
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
+| `share_store_memory` | `table.data.rocksdb_options`: faust's `RocksDBOptions.as_options()` gives every partition of every table a block cache of its own and no write buffer manager; replaced by one built on a shared cache and manager | replace |
 | `partition_items` | `table.data._dbs[p].items(from_key=...)`: one partition's records in key order, for the retained-run sweep | read |
 | `newest_first` | `items(backwards=True)` on the same database: the latest loop episodes of a window, read from the end | read |
 | `prefix_items` | the same seek: the runs whose ids start with what on-call pasted (`query run 773fd730`) | read |
@@ -103,6 +104,65 @@ def in_event(event: Any) -> Iterator[None]:
         yield
     finally:
         _current_event.reset(token)
+
+
+class StoreMemory:
+    """One block cache and one write buffer manager for every rocksdb partition of every
+    table: rocksdb's memory is bounded by `block_cache_bytes + memtables_bytes` however many
+    tables and partitions the worker holds (faust's own options give each partition a cache
+    of its own: tables x partitions x the cache size). Index and filter blocks are kept in
+    the cache too, so the SST readers do not grow outside it with the data on disk."""
+
+    def __init__(self, block_cache_bytes: int, memtables_bytes: int) -> None:
+        import rocksdict
+
+        self.block_cache_bytes = block_cache_bytes
+        self.memtables_bytes = memtables_bytes
+        self.cache = rocksdict.Cache(block_cache_bytes)
+        # allow_stall False: past the limit rocksdb flushes the largest memtable, writers
+        # never wait (a stalled write would stall the event loop)
+        self.write_buffers = rocksdict.WriteBufferManager(memtables_bytes, False)
+
+    def options(self, base: Any) -> Any:
+        """rocksdict Options for one partition: `base`'s sizes (faust's RocksDBOptions, from
+        the table's options), the shared cache and manager."""
+        import rocksdict
+
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_max_open_files(base.max_open_files)
+        opts.set_write_buffer_size(base.write_buffer_size)
+        opts.set_target_file_size_base(base.target_file_size_base)
+        opts.set_max_write_buffer_number(base.max_write_buffer_number)
+        opts.set_write_buffer_manager(self.write_buffers)
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(base.bloom_filter_size, True)
+        table.set_block_cache(self.cache)
+        table.set_index_type(rocksdict.BlockBasedIndexType.binary_search())
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        opts.set_block_based_table_factory(table)
+        return opts
+
+    def usage(self) -> dict[str, int]:
+        """What the shared holders hold now (bytes)."""
+        return {"block_cache": self.cache.get_usage(), "memtables": self.write_buffers.get_usage()}
+
+
+def share_store_memory(tables: Any, memory: StoreMemory) -> int:
+    """Make every rocksdb table in `tables` open its partitions with `memory`'s cache and
+    write buffer manager; returns how many tables use it (0 for the in-memory store).
+    Must run before a partition opens: faust opens them on assignment, through
+    `table.data.rocksdb_options.open(path)` -> `as_options()`, which is replaced here."""
+    shared = 0
+    for table in tables:
+        store = table.data
+        base = getattr(store, "rocksdb_options", None)
+        if base is None or not getattr(base, "use_rocksdict", False):
+            continue
+        base.as_options = functools.partial(memory.options, base)
+        shared += 1
+    return shared
 
 
 def table_databases(table: Any) -> list[Any]:

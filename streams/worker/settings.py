@@ -126,9 +126,12 @@ variable                                  default                     meaning
 ``LOOPWATCH_ROCKSDB_WRITE_BUFFER_MB``     ``4``                       rocksdb memtable size per
                                                                       table partition (2 of them at
                                                                       most before a flush)
-``LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB``      ``8``                       rocksdb read cache per table
-                                                                      partition (faust's default is
-                                                                      2 GiB each: RSS kept growing)
+``LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB``      ``32``                      rocksdb read cache, one for
+                                                                      every table partition (index
+                                                                      and filter blocks included)
+``LOOPWATCH_ROCKSDB_MEMTABLES_MB``        ``32``                      every table partition's
+                                                                      memtables together (past it
+                                                                      the largest is flushed)
 ``LOOPWATCH_STOP_TIMEOUT_SECONDS``        ``30``                      SIGTERM / Ctrl-C: the worker
                                                                       exits within this long whatever
                                                                       the broker does (undelivered
@@ -217,8 +220,9 @@ class WorkerSettings:
     trace_links: TraceLinks | None = None
     input_clock: bool = True
     input_clock_max_lag_seconds: float = 900.0
-    rocksdb_write_buffer_mb: int = 4
-    rocksdb_block_cache_mb: int = 8
+    rocksdb_write_buffer_mb: int = 4  # one memtable
+    rocksdb_block_cache_mb: int = 32  # one cache for every table partition
+    rocksdb_memtables_mb: int = 32  # every table partition's memtables together
     stop_timeout_seconds: float = 30.0
     ready_broker_seconds: float = 30.0
     ready_max_consumer_lag: int = 1_000_000
@@ -243,15 +247,15 @@ class WorkerSettings:
         return Path(self.data_dir).expanduser().resolve()
 
     def rocksdb_options(self) -> dict[str, int]:
-        """Store options for every table partition: memory per partition is bounded by
-        ``2 * write buffer + block cache`` (faust's defaults allow 3 x 64 MiB + 2 GiB)."""
+        """Store options for every table partition. The block cache and the memtables' total
+        are not per partition: one cache and one write buffer manager serve them all
+        (faust_internals.StoreMemory), so rocksdb's memory is bounded by
+        ``rocksdb_block_cache_mb + rocksdb_memtables_mb`` whatever the partitions."""
         mib = 1024 * 1024
         return {
             "write_buffer_size": self.rocksdb_write_buffer_mb * mib,
             "max_write_buffer_number": 2,
             "target_file_size_base": max(self.rocksdb_write_buffer_mb, 8) * mib,
-            "block_cache_size": self.rocksdb_block_cache_mb * mib,
-            "block_cache_compressed_size": self.rocksdb_block_cache_mb * mib,
         }
 
     @property
@@ -353,6 +357,9 @@ class WorkerSettings:
             ),
             "rocksdb_block_cache_mb": reader.integer(
                 "LOOPWATCH_ROCKSDB_BLOCK_CACHE_MB", d.rocksdb_block_cache_mb, 1, 65536
+            ),
+            "rocksdb_memtables_mb": reader.integer(
+                "LOOPWATCH_ROCKSDB_MEMTABLES_MB", d.rocksdb_memtables_mb, 1, 65536
             ),
             "stop_timeout_seconds": reader.number(
                 "LOOPWATCH_STOP_TIMEOUT_SECONDS", d.stop_timeout_seconds, 1.0

@@ -25,12 +25,12 @@ from typing import Any
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from streams.worker.kafka.topics import TABLES  # every changelog goes with the topics
 from tests.support.kafka import admin_client, bootstrap, delete_topics
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "examples" / "loopwatch.yaml"
 FINGERPRINT_KEY = "integration-test-key"
-TABLES = ("runs", "finished", "retained", "episodes", "loop_counts", "run_counts")
 
 
 _HANDED_OUT: set[int] = set()

@@ -130,6 +130,58 @@ def test_table_databases_are_the_open_rocksdb_partitions(tmp_path: Any) -> None:
     assert faust_internals.table_databases(memory.Table("runs", default=int)) == []
 
 
+def test_every_partition_of_every_table_opens_with_the_shared_cache_and_manager(
+    tmp_path: Any,
+) -> None:
+    """faust opens a partition through `table.data.rocksdb_options.open(path)`, which calls
+    `as_options()`: replaced, every partition of both tables gets the one cache (its capacity
+    is what each database reports, not faust's cache per partition) and the one write
+    buffer manager (its usage is the memtables of all of them)."""
+    app: Any = faust.App(
+        "internals-shared", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path)
+    )
+    tables = [app.Table(name, default=int, partitions=2) for name in ("runs", "finished")]
+    memory = faust_internals.StoreMemory(3 * 2**20, 5 * 2**20)
+    assert faust_internals.share_store_memory(tables, memory) == 2
+    dbs = []
+    for table in tables:
+        for p in (0, 1):
+            db = table.data._db_for_partition(p)
+            db[b"k" * 8 + bytes([p])] = b"v" * 100_000
+            dbs.append(db)
+    assert {db.property_int_value("rocksdb.block-cache-capacity") for db in dbs} == {3 * 2**20}
+    memtables = sum(db.property_int_value("rocksdb.cur-size-all-mem-tables") for db in dbs)
+    assert memory.usage()["memtables"] >= memtables >= 4 * 100_000
+    # the in-memory store has no rocksdb options: nothing to share
+    plain: Any = faust.App("internals-plain", broker="kafka://127.0.0.1:1", store="memory://")
+    assert faust_internals.share_store_memory([plain.Table("runs", default=int)], memory) == 0
+
+
+def test_store_memory_counts_a_shared_cache_once(tmp_path: Any) -> None:
+    """/healthz store_memory_bytes: every partition reports the whole shared cache; summed
+    it would be counted once per partition."""
+    from streams.worker.faust_app import rocksdb_memory
+
+    app: Any = faust.App(
+        "internals-count", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path)
+    )
+    table = app.Table("runs", default=int, partitions=4)
+    memory = faust_internals.StoreMemory(8 * 2**20, 8 * 2**20)
+    faust_internals.share_store_memory([table], memory)
+    for p in range(4):
+        db = table.data._db_for_partition(p)
+        for i in range(300):
+            db[f"run-{i}".encode()] = b"x" * 1000
+        db.flush()
+        for i in range(300):
+            assert db[f"run-{i}".encode()] == b"x" * 1000  # read back: blocks in the cache
+    held = rocksdb_memory([table], memory)
+    assert held["block_cache"] == memory.usage()["block_cache"] > 0
+    assert held["block_cache"] < 4 * table.data._db_for_partition(0).property_int_value(
+        "rocksdb.block-cache-usage"
+    )
+
+
 def test_partition_items_reads_one_partition_in_key_order_from_a_key(tmp_path: Any) -> None:
     """The retained-run sweep reads a partition's records a slice at a time: rocksdict's
     `items(from_key=...)` on faust's per-partition database, without faust's offset key."""
