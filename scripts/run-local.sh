@@ -68,6 +68,8 @@ cleanup() {
       printf 'stopped (%s s); ' "$((SECONDS - t0))"
     fi
     wait "$WORKER_PID" 2>/dev/null
+  elif [[ -n "$WORKER_PID" ]]; then
+    printf 'the worker (pid %s) had stopped on the same signal; ' "$WORKER_PID"
   fi
   if [[ "$STARTED_BROKER" == 1 ]]; then
     printf 'stopping the Kafka broker\033[0m\n'
@@ -192,9 +194,10 @@ EOF
 # 3. worker ---------------------------------------------------------------------------
 say "starting the worker (log: $SHOWN_LOG)"
 : >"$LOG"
-# A closed terminal sends SIGHUP to the whole process group. The worker does not handle
-# SIGHUP, and dying of it would leave its consumer group member registered for the session
-# timeout (the next run waits for it): it ignores SIGHUP, and the trap stops it with SIGTERM.
+# A closed terminal sends SIGHUP to the whole process group. Dying of it would leave the
+# worker's consumer group member registered for the session timeout (the next run waits
+# for it). The worker stops on SIGHUP as on SIGTERM; a worker that does not (an older one)
+# ignores it here, and the trap stops it with SIGTERM.
 (
   trap '' HUP
   exec ${DIES_WITH_ME[@]+"${DIES_WITH_ME[@]}"} "$PY" -m streams.cli worker --config "$CONFIG"
