@@ -50,33 +50,38 @@ cleanup() {
   trap '' INT TERM HUP
   trap - EXIT
   set +e
-  # the terminal is gone: writing to it fails (EIO); the log keeps what happened
-  [[ "$HUNG_UP" == 1 ]] && exec >>"$LOG" 2>&1
+  # the terminal may be gone (writes fail with EIO): after a hang-up only the log is written
+  [[ "$HUNG_UP" == 1 ]] && exec >/dev/null 2>&1
   [[ -n "$FOLLOW_PID" ]] && kill -TERM "$FOLLOW_PID" 2>/dev/null
-  # one line: what is stopped, how long it took, what is left running
+  # one line: what is stopped, how long it took, what is left running; shown as it goes,
+  # and kept whole in the worker's log (the only record of it when the terminal closed)
+  local said=""
+  part() { said+="$1"; printf '%s' "$1"; }
   printf '\033[1m==> '
   if [[ -n "$WORKER_PID" ]] && kill -0 "$WORKER_PID" 2>/dev/null; then
     local t0=$SECONDS
-    printf 'stopping the worker (pid %s)... ' "$WORKER_PID"
+    part "stopping the worker (pid $WORKER_PID)... "
     kill -TERM "$WORKER_PID" 2>/dev/null
     # the worker exits within LOOPWATCH_STOP_TIMEOUT_SECONDS (30) even with the broker down
     for _ in $(seq 1 160); do kill -0 "$WORKER_PID" 2>/dev/null || break; sleep 0.25; done
     if kill -0 "$WORKER_PID" 2>/dev/null; then
       kill -KILL "$WORKER_PID" 2>/dev/null
-      printf 'killed: not stopped after %s s; ' "$((SECONDS - t0))"
+      part "killed: not stopped after $((SECONDS - t0)) s; "
     else
-      printf 'stopped (%s s); ' "$((SECONDS - t0))"
+      part "stopped ($((SECONDS - t0)) s); "
     fi
     wait "$WORKER_PID" 2>/dev/null
   elif [[ -n "$WORKER_PID" ]]; then
-    printf 'the worker (pid %s) had stopped on the same signal; ' "$WORKER_PID"
+    part "the worker (pid $WORKER_PID) had stopped on the same signal; "
   fi
   if [[ "$STARTED_BROKER" == 1 ]]; then
-    printf 'stopping the Kafka broker\033[0m\n'
-    scripts/kafka.sh stop
+    part "stopping the Kafka broker"
   else
-    printf 'the Kafka broker was running before: left running (scripts/kafka.sh stop)\033[0m\n'
+    part "the Kafka broker was running before: left running (scripts/kafka.sh stop)"
   fi
+  printf '\033[0m\n'
+  [[ -n "$WORKER_PID" ]] && printf 'run-local: %s\n' "$said" >>"$LOG"
+  [[ "$STARTED_BROKER" == 1 ]] && scripts/kafka.sh stop
 }
 trap cleanup EXIT
 trap 'exit 130' INT
