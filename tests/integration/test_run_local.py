@@ -336,7 +336,9 @@ def test_closed_terminal_stops_the_run_and_the_next_run_prints_events_within_30s
     after = second.between("loop_detected events", None)
     # one line from the script (make adds its own "make: *** [...] Interrupt")
     stop = [line for line in after if not EVENT.match(line) and not line.startswith("make")]
-    assert len(stop) == 1 and "stopping the worker" in stop[0], second
+    # the worker stops on the Ctrl-C too: the trap stops it, or finds it already stopped
+    assert len(stop) == 1, second
+    assert re.search(r"stopping the worker|the worker \(pid \d+\) had stopped", stop[0]), second
     assert "stopped" in stop[0] and "left running" in stop[0], second
     require_broker()
 
