@@ -65,17 +65,19 @@ class DeclaredLimit(NamedTuple):
     where: str  # the attribute, and the path inside its JSON value: "input.value:kwargs.max_steps"
 
 
-def _is_limit(value: Any) -> bool:
-    return type(value) is int and 0 < value < 2**63
+def _counts_against(key: str, value: Any) -> str | None:
+    """What counts against the limit `key` declares with `value`; None: it declares none."""
+    if type(value) is int and 0 < value < 2**63:
+        return LIMIT_NAMES.get(limit_name(key))
+    return None
 
 
 def declared_limit(attrs: Mapping[str, Any]) -> DeclaredLimit | None:
     """The first attribute that declares a limit; else the first JSON value that holds one."""
     for key, value in attrs.items():
-        if _is_limit(value):
-            counted = LIMIT_NAMES.get(limit_name(key))
-            if counted is not None:
-                return DeclaredLimit(value, counted, key)
+        counted = _counts_against(key, value)
+        if counted is not None:
+            return DeclaredLimit(value, counted, key)
     for key, value in attrs.items():
         if isinstance(value, str) and _MAY_NAME_A_LIMIT(value):
             value = as_json(value)
@@ -94,11 +96,10 @@ def _limit_inside(doc: dict[str, Any]) -> tuple[int, str, str] | None:
         deeper: list[tuple[str, dict[str, Any]]] = []
         for prefix, obj in level:
             for key, value in obj.items():
-                if _is_limit(value):
-                    counted = LIMIT_NAMES.get(limit_name(key))
-                    if counted is not None:
-                        return value, counted, prefix + key
-                elif isinstance(value, dict):
+                counted = _counts_against(key, value)
+                if counted is not None:
+                    return value, counted, prefix + key
+                if isinstance(value, dict):
                     deeper.append((f"{prefix}{key}.", value))
         level = deeper
     return None

@@ -116,8 +116,6 @@ class StoreMemory:
     def __init__(self, block_cache_bytes: int, memtables_bytes: int) -> None:
         import rocksdict
 
-        self.block_cache_bytes = block_cache_bytes
-        self.memtables_bytes = memtables_bytes
         self.cache = rocksdict.Cache(block_cache_bytes)
         # allow_stall False: past the limit rocksdb flushes the largest memtable, writers
         # never wait (a stalled write would stall the event loop)

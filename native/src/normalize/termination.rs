@@ -103,12 +103,8 @@ impl SpanPath {
     /// with such a key inside, nearer levels first.
     fn declared_limit(&self, attrs: &[(&str, V<'_>)]) -> R<Option<(i64, String)>> {
         for (k, v) in attrs {
-            if let V::Int(n) = v {
-                if *n > 0 {
-                    if let Some(counted) = self.limit_names.get(&limit_name(k)) {
-                        return Ok(Some((*n, counted.clone())));
-                    }
-                }
+            if let Some(found) = self.limit_of(k, v) {
+                return Ok(Some(found));
             }
         }
         for (_, v) in attrs {
@@ -129,6 +125,18 @@ impl SpanPath {
         Ok(None)
     }
 
+    /// limits.py `_counts_against`: (the limit, what counts against it) when `key` names a
+    /// limit and `value` is a positive integer.
+    fn limit_of(&self, key: &str, value: &V<'_>) -> Option<(i64, String)> {
+        match value {
+            V::Int(n) if *n > 0 => self
+                .limit_names
+                .get(&limit_name(key))
+                .map(|c| (*n, c.clone())),
+            _ => None,
+        }
+    }
+
     fn limit_inside(&self, doc: &V<'_>) -> Option<(i64, String)> {
         let mut level: Vec<&V<'_>> = vec![doc];
         for _ in 0..MAX_JSON_DEPTH {
@@ -136,16 +144,11 @@ impl SpanPath {
             for obj in level {
                 if let V::Dict(items) = obj {
                     for (k, v) in items {
-                        match v {
-                            V::Int(n) => {
-                                if *n > 0 {
-                                    if let Some(c) = self.limit_names.get(&limit_name(k)) {
-                                        return Some((*n, c.clone()));
-                                    }
-                                }
-                            }
-                            V::Dict(_) => deeper.push(v),
-                            _ => {}
+                        if let Some(found) = self.limit_of(k, v) {
+                            return Some(found);
+                        }
+                        if let V::Dict(_) = v {
+                            deeper.push(v);
                         }
                     }
                 }
