@@ -201,8 +201,8 @@ say "starting the worker (log: $SHOWN_LOG)"
 : >"$LOG"
 # A closed terminal sends SIGHUP to the whole process group. Dying of it would leave the
 # worker's consumer group member registered for the session timeout (the next run waits
-# for it). The worker stops on SIGHUP as on SIGTERM; a worker that does not (an older one)
-# ignores it here, and the trap stops it with SIGTERM.
+# for it). The worker stops on SIGHUP as on SIGTERM once its handlers are installed; until
+# then (its start) it ignores SIGHUP, and the trap stops it with SIGTERM.
 (
   trap '' HUP
   exec ${DIES_WITH_ME[@]+"${DIES_WITH_ME[@]}"} "$PY" -m streams.cli worker --config "$CONFIG"
