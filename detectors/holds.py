@@ -231,6 +231,7 @@ class HeldCall(NamedTuple):
     prompt_version: str | None
     denied: bool  # False: it ran under the hold, no guard decision on it
     first_in_run: bool  # the run's first call under this hold (runs affected)
+    call_id: str = ""  # run, span and position in the span: what the worker counts once
 
 
 def account(counted: list[str], step: Step, ran_under: str | None) -> list[HeldCall]:
@@ -244,7 +245,8 @@ def account(counted: list[str], step: Step, ran_under: str | None) -> list[HeldC
         if first:
             counted.append(hold_id)
             del counted[:-MAX_RUN_HOLDS]
-        found.append(HeldCall(hold_id, tool, step.prompt_version, denied, first))
+        call_id = f"{step.run_id}\x1f{step.span_id}\x1f{len(found)}"
+        found.append(HeldCall(hold_id, tool, step.prompt_version, denied, first, call_id))
 
     for denial in denials(step):
         if denial.hold_id is not None:

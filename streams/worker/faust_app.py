@@ -20,6 +20,7 @@ from streams.worker.agents.timers import release_free_memory
 from streams.worker.api.holds import wire_holds, wire_verdicts
 from streams.worker.api.views import Views
 from streams.worker.kafka.broker import BROKER_PROBE_SECONDS
+from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS, WINDOW_SECONDS
 from streams.worker.service import Worker
 from streams.worker.state.holds import HoldBook
 from streams.worker.state.store import Tables
@@ -91,6 +92,27 @@ def _wall_clock(event: Any = None) -> float:
     return time.time()
 
 
+class CurrentWindow:
+    """A windowed count table as the checkpoint reads and writes it (streams/worker/state/
+    store.py `Tables`): `get` and ``[key] = value`` in the window of now (processing time),
+    `items` of every window (the raw table, as the on-call API reads it)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.windows = raw.tumbling(
+            WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS)
+        ).relative_to(_wall_clock)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.windows[key].value()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.windows[key] = value
+
+    def items(self) -> Any:
+        return self.raw.items()
+
+
 class LoopwatchService:
     """The faust app, its topics and tables, and a `Worker` wired to them."""
 
@@ -114,8 +136,6 @@ class LoopwatchService:
             RUNS_TABLE,
             VERSION_COUNTS_TABLE,
             VERSIONS_TABLE,
-            WINDOW_EXPIRES_SECONDS,
-            WINDOW_SECONDS,
         )
 
         self.settings = s = settings
@@ -165,11 +185,6 @@ class LoopwatchService:
         def opts() -> dict[str, Any]:
             return {"partitions": detect_partitions, "options": s.rocksdb_options()}
 
-        def windowed(table: Any) -> Any:
-            return table.tumbling(
-                WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS)
-            ).relative_to(_wall_clock)
-
         as_bytes: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
         self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
         self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
@@ -195,15 +210,15 @@ class LoopwatchService:
         tables = Tables(
             self.runs,
             self.finished,
-            windowed(loop_counts_raw),
-            windowed(run_counts_raw),
+            CurrentWindow(loop_counts_raw),
+            CurrentWindow(run_counts_raw),
             faust_internals.in_event,
             retained=self.retained,
             episodes=self.episodes,
             scan=faust_internals.partition_items,
             versions=self.versions,
-            version_counts=windowed(version_counts_raw),
-            hold_counts=windowed(hold_counts_raw),
+            version_counts=CurrentWindow(version_counts_raw),
+            hold_counts=CurrentWindow(hold_counts_raw),
         )
         self.worker = worker = Worker(
             s,
@@ -217,6 +232,7 @@ class LoopwatchService:
             stopping=lambda: bool(app.should_stop),
             assigned=self.assigned_partitions,
             request_stop=lambda: os.kill(os.getpid(), signal.SIGTERM),
+            flush_producer=lambda: app.producer.flush(),
         )
 
         # one cache and one write buffer manager for every table partition (before any opens)

@@ -31,13 +31,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from detectors.policy import Policy
 from streams.spanpath import native
 from streams.spanpath.normalize import Normalizer
-from streams.worker.agents.checkpoint import Checkpoint
+from streams.worker.agents.checkpoint import Checkpoint, nothing_to_flush
 from streams.worker.agents.counting import Counting
 from streams.worker.agents.dead_letters import DeadLetters
 from streams.worker.agents.deadline_clock import DeadlineClock
@@ -96,6 +96,7 @@ class Worker:
         assigned: Callable[[], set[int]],
         refetcher: Callable[[str], Any] | None = None,
         request_stop: Callable[[], None] = lambda: None,
+        flush_producer: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         s = self.settings = settings
         self.policy = policy
@@ -172,11 +173,14 @@ class Worker:
             assigned=assigned,
             lag_sources={s.input_topic, s.steps_topic},
         )
+        self.counting = Counting(metrics, self.counters, tables)
         checkpoint = Checkpoint(
             self.driver,
             tables,
+            self.counting,
             self.skips,
             self.publisher,
+            flush_producer=flush_producer or nothing_to_flush,
             flush_seconds=s.state_flush_ms / 1000,
         )
         self.detect = Detect(
@@ -188,7 +192,7 @@ class Worker:
             self.dead_letters,
             self.clock,
             checkpoint,
-            Counting(metrics, self.counters, tables),
+            self.counting,
             topics["events"],
             topics["runs"],
             metrics,
@@ -205,6 +209,7 @@ class Worker:
         self.driver.rebuild(
             list(tables.runs.items()), list(tables.finished.items()), partitions, time.time_ns()
         )
+        self.counting.recover(partitions)
         self.timers.tick_sent.clear()
         self.ready = True
         self.metrics.active_runs.set(len(self.driver.index))

@@ -5,6 +5,7 @@ worker's counting writes its tables."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -32,11 +33,14 @@ from streams.worker.api.versions import (
     versions_rows,
 )
 from streams.worker.state import versions as records
-from streams.worker.state.window_keys import aggregate_key
+from streams.worker.state.window_keys import added_once, aggregate_key, contribution_id
 
 NS = 10**9
 T0 = 1_790_000_000 * NS
 COVERED = {"since": "24h", "covers": "24h", "kept": "24h"}
+
+
+RUN_IDS = itertools.count()
 
 
 def summary(
@@ -50,6 +54,7 @@ def summary(
     wasted: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     return {
+        "run_id": f"run-{next(RUN_IDS)}",
         "prompt_version": prompt,
         "service_name": service,
         "agent_name": agent,
@@ -67,17 +72,18 @@ class Worker:
 
     def __init__(self) -> None:
         self.versions: dict[bytes, bytes] = {}
-        self.counts: dict[tuple[str, tuple[float, float]], int] = {}
+        self.counts: dict[tuple[str, tuple[float, float]], Any] = {}
 
     def finish(self, s: dict[str, Any], partition: int = 0, window_end: float = 0.0) -> None:
         end = window_end or time.time()
+        cid = contribution_id("run", s["run_id"])
         for key in slices_of(s):
             raw = records.version_key(key, partition)
-            self.versions[raw] = records.merged(self.versions.get(raw), seen_of(s))
+            self.versions[raw] = records.merged(self.versions.get(raw), {cid: seen_of(s)})
             for name, n in run_measures(s).items():
                 label_key = aggregate_key([*key.labels(), name], partition)
                 window = (label_key, (end - 60, end))
-                self.counts[window] = self.counts.get(window, 0) + n
+                self.counts[window] = added_once(self.counts.get(window), {cid: n})
 
     def share(self, seconds: int = 86400) -> dict[str, Any]:
         return local_share(self.versions.items(), self.counts.items(), seconds, time.time())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,9 @@ from streams.worker.kafka.delivery import Abandoned
 from streams.worker.kafka.input_clock import InputClock
 from streams.worker.service import Worker
 from streams.worker.settings import WorkerSettings
-from streams.worker.state.store import Tables, decode_envelope
+from streams.worker.state.store import COUNT_TABLES, Tables, Writes, decode_envelope
 from streams.worker.state.versions import history_of
+from streams.worker.state.window_keys import decode_count
 from tests.otlp_build import encode_request
 from tests.spankit import Run
 
@@ -151,7 +152,7 @@ def fakes() -> Fakes:
 def make(tmp_path: Path, fakes: Fakes) -> Any:
     """A Worker over `fakes`; keyword arguments are LOOPWATCH_* settings."""
 
-    def build(**env: str) -> Worker:
+    def build(tables: Tables | None = None, **env: str) -> Worker:
         settings = WorkerSettings.from_env(
             {"LOOPWATCH_STORE": "memory://", "LOOPWATCH_DATA_DIR": str(tmp_path), **env}
         )
@@ -165,11 +166,14 @@ def make(tmp_path: Path, fakes: Fakes) -> Any:
             Normalizer(policy, Fingerprinter(b"k")),
             Metrics(CollectorRegistry()),
             4,
-            tables=Tables(
+            tables=tables
+            or Tables(
                 FakeTable("runs", log),
                 FakeTable("finished", log),
-                defaultdict(int),
-                defaultdict(int),
+                FakeTable("loop_counts", log),
+                FakeTable("run_counts", log),
+                version_counts=FakeTable("version_counts", log),
+                hold_counts=FakeTable("hold_counts", log),
             ),
             topics={name: FakeTopic(name, log) for name in ("steps", "events", "runs", "dead")},
             consumer=lambda: fakes.consumer,
@@ -190,8 +194,13 @@ async def detect_batch(service: Any, events: list[Any]) -> list[Any]:
     """One detect batch and the flush of its staged state (as the agent does once per
     flush interval); returns the events the flush acknowledges."""
     await service.detect.batch(events)
-    acked: list[Any] = service.detect.checkpoint.flush()
+    acked: list[Any] = await service.detect.checkpoint.flush()
     return acked
+
+
+def total(table: Any) -> int:
+    """The sum of a windowed count table (the test tables keep one window)."""
+    return sum(decode_count(v)[0] for v in table.values())
 
 
 def looping_run(trace: int) -> Run:
@@ -224,10 +233,85 @@ async def test_ingest_then_detect_publishes_before_writing_state(
         "loopwatch_records_consumed_total", {"topic": "loopwatch-steps"}
     )
     assert consumed == len(sent)  # the stall alert needs the steps topic's progress too
-    first_write = fakes.log.index(("write", "runs"))
+    first_write = fakes.log.index(("write", "loop_counts"))
     assert all(entry == ("send", "events") for entry in fakes.log[:first_write])
+    assert first_write < fakes.log.index(("write", "runs"))  # counts before state
     assert len(service.tables.runs) == 3
-    assert sum(service.tables.loop_counts.values()) == 3
+    assert total(service.tables.loop_counts) == 3
+
+
+class Windows:
+    """A windowed count table as faust_app.CurrentWindow shows it: reads and writes in the
+    current window, `items` of every window as ((key, (start, end)), value)."""
+
+    def __init__(self) -> None:
+        self.windows: dict[float, dict[str, Any]] = {60.0: {}}
+        self.now = 60.0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.windows.setdefault(self.now, {}).get(key, default)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.windows.setdefault(self.now, {})[key] = value
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return [((k, (end - 60, end)), v) for end, w in self.windows.items() for k, v in w.items()]
+
+    def total(self) -> int:
+        return sum(decode_count(v)[0] for _k, v in self.items())
+
+
+@pytest.mark.parametrize("same_window", [True, False])
+async def test_a_batch_redone_after_its_counts_were_written_is_not_counted_twice(
+    make: Any, monkeypatch: pytest.MonkeyPatch, same_window: bool
+) -> None:
+    """A crash after the checkpoint wrote a batch's counts and before it wrote the run
+    states: the next owner redoes the batch, the same events and summaries come again (no
+    fired marker was written), and the counts refuse their ids, in the window they were
+    written in or in a later one (the redo lands in the window of now). SIGKILL in the real
+    worker: tests/integration/test_crash_counts.py."""
+    counts = {name: Windows() for name in COUNT_TABLES}
+    tables = Tables({}, {}, counts["loop_counts"], counts["run_counts"])
+    tables.version_counts, tables.hold_counts = counts["version_counts"], counts["hold_counts"]
+    first = make(tables=tables)
+    runs = [looping_run(t) for t in (61, 62, 63)]
+    await first.ingest.record(
+        Ev(Msg("otlp_spans", 0, 1, None, encode_request([s for r in runs for s in r.spans])))
+    )
+    offsets = Counter[int]()  # per partition, from 0: no records skipped
+    steps = []
+    for m in first.topics["steps"].sent:
+        p = m["partition"]
+        steps.append(Ev(Msg("loopwatch-steps", p, offsets[p], None, m["value"])))
+        offsets[p] += 1
+
+    async def once(worker: Any, lose_states: bool) -> None:
+        worker.recovered({0, 1, 2, 3})
+        await worker.detect.batch(steps)
+        for run in runs:  # finalized now: summaries, run and version counts
+            deadline = worker.driver.index.get(run.trace_id)
+            worker.driver.index.set(run.trace_id, Deadline(deadline.partition, 0, None, 0))
+        ticks = [Ev(Msg("loopwatch-steps", p, offsets[p], None, b'{"tick":1}')) for p in range(4)]
+        await worker.detect.batch(ticks)
+        with monkeypatch.context() as m:
+            if lose_states:  # the process dies after the counts
+                m.setattr(Writes, "rows", lambda self: [])
+            await worker.detect.checkpoint.flush()
+
+    await once(first, lose_states=True)
+    assert tables.runs == {} and tables.finished == {}
+    expected = {name: table.total() for name, table in counts.items()}
+    assert expected["loop_counts"] == 3 and expected["run_counts"] == 3
+    if not same_window:
+        for table in counts.values():
+            table.now = 180.0
+    second = make(tables=tables)
+    await once(second, lose_states=False)
+    assert len(second.topics["events"].sent) == 3  # the same events again (at least once)
+    assert {name: table.total() for name, table in counts.items()} == expected
+    assert len(tables.finished) == 3
+    history = history_of(tables.versions.items())
+    assert {r["runs"] for r in history.rows()} == {3}
 
 
 async def test_undecodable_record_goes_to_the_dead_letters(service: Any) -> None:
@@ -286,7 +370,7 @@ async def test_ticks_finalize_due_runs(service: Any) -> None:
     assert summary["run_id"] == run.trace_id and summary["outcome"] == "complete"
     assert run.trace_id.encode() not in service.tables.runs
     assert run.trace_id.encode() in service.tables.finished
-    assert sum(service.tables.run_counts.values()) == 1
+    assert total(service.tables.run_counts) == 1
 
 
 async def test_a_finished_run_counts_on_its_versions_and_exports_their_history(
@@ -320,9 +404,9 @@ async def test_a_finished_run_counts_on_its_versions_and_exports_their_history(
     assert rows[("prompt", None, "support-v13")]["previous"] == "support-v12"
     assert rows[("tool", "lookup_order", "3")]["runs"] == 2
     measures = Counter()
-    for key, n in service.tables.version_counts.items():
+    for key, value in service.tables.version_counts.items():
         labels = json.loads(key)[:-1]
-        measures[(labels[0], labels[4], labels[5])] += n
+        measures[(labels[0], labels[4], labels[5])] += decode_count(value)[0]
     assert measures[("prompt", "support-v13", "runs")] == 1
     assert measures[("prompt", "support-v13", "looping")] == 1
     assert measures[("prompt", "support-v13", "shape:identical_repetition")] == 1
@@ -601,7 +685,7 @@ async def test_detect_abandons_a_batch_whose_partitions_were_revoked_meanwhile(
             service, [Ev(Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"]))]
         )
     assert len(service.tables.runs) == 0  # no state written for a batch that was not delivered
-    assert sum(service.tables.loop_counts.values()) == 0
+    assert total(service.tables.loop_counts) == 0
 
 
 async def test_a_failed_acknowledgement_does_not_stop_the_next_ones(service: Any) -> None:
@@ -696,7 +780,7 @@ async def test_detect_publishes_again_what_was_not_delivered(
     sent = [json.loads(m["value"])["run_id"] for m in service.topics["events"].sent]
     assert len(sent) == 4 and sent[0] in sent[1:]  # the failed one, sent again
     assert retries(service, "detect") == 1
-    assert sum(service.tables.loop_counts.values()) == 3  # counted once each, after delivery
+    assert total(service.tables.loop_counts) == 3  # counted once each, after delivery
     counted = [
         sample.value
         for metric in service.metrics.registry.collect()
@@ -814,7 +898,7 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
     p = await deliver(1, children)
     (event,) = [json.loads(m["value"]) for m in service.topics["events"].sent]
     assert event["prompt_version"] is None and event["labels_pending"] is True
-    assert sum(service.tables.loop_counts.values()) == 0  # not counted yet, in any slice
+    assert total(service.tables.loop_counts) == 0  # not counted yet, in any slice
     await deliver(2, root)
     deadline = service.driver.index.get(run.trace_id)
     service.driver.index.set(run.trace_id, deadline.__class__(p, 0, None, 0))  # due now
@@ -825,7 +909,7 @@ async def test_a_loop_before_the_runs_labels_is_counted_in_its_final_slice(servi
     labels = {"shape": "identical_repetition", "severity": "warning", "tool_name": "lookup_order"}
     assert loop_events(**labels, prompt_version="support-v77", tool_version="3") == 1
     assert loop_events(**labels, prompt_version="unknown", tool_version="3") is None
-    (key,) = [k for k, n in service.tables.loop_counts.items() if n]
+    (key,) = [k for k, v in service.tables.loop_counts.items() if decode_count(v)[0]]
     assert json.loads(key)[:4] == ["identical_repetition", "support-v77", "lookup_order", "3"]
     assert len(json.loads(key)) == 7  # ..., service, agent (from the summary), partition
 
@@ -877,7 +961,7 @@ async def test_a_run_touched_by_two_batches_of_a_flush_interval_is_written_once(
     await service.detect.batch([second])
     assert ("write", "runs") not in fakes.log and not service.detect.checkpoint.due()
     assert len(service.topics["events"].sent) == 1  # outputs are not held back
-    assert service.detect.checkpoint.flush() == [first, second]  # acknowledged after the write
+    assert await service.detect.checkpoint.flush() == [first, second]  # acked after the write
     assert fakes.log.count(("write", "runs")) == 1
     assert fakes.log.index(("send", "events")) < fakes.log.index(("write", "runs"))
 
@@ -885,7 +969,7 @@ async def test_a_run_touched_by_two_batches_of_a_flush_interval_is_written_once(
     for event in await two_parts_of_one_run(per_batch, 41):
         await per_batch.detect.batch([event])
         assert per_batch.detect.checkpoint.due()
-        per_batch.detect.checkpoint.flush()
+        await per_batch.detect.checkpoint.flush()
     assert fakes.log.count(("write", "runs")) == 1 + 2
     states = [
         {k: decode_envelope(v)[1] for k, v in s.tables.runs.items()} for s in (service, per_batch)
@@ -903,11 +987,11 @@ async def test_a_rebalance_drops_staged_state_and_never_acknowledges_its_records
     await service.detect.batch([first])
     service.revoked([])
     service.recovered({0, 1, 2, 3})
-    assert service.detect.checkpoint.flush() == []
+    assert await service.detect.checkpoint.flush() == []
     assert len(service.tables.runs) == 0
     await service.detect.batch([first])  # redone from the committed offset
     await service.detect.batch([second])
-    assert service.detect.checkpoint.flush() == [first, second]
+    assert await service.detect.checkpoint.flush() == [first, second]
     assert len(service.tables.runs) == 1
 
 
@@ -925,7 +1009,7 @@ async def test_a_rebalance_while_a_batch_publishes_abandons_it_even_when_deliver
     monkeypatch.setattr(service.publisher, "deliver", rebalance_then_deliver)
     with pytest.raises(Abandoned):
         await service.detect.batch([first])
-    assert service.detect.checkpoint.staged == [] and service.driver.store.pending_runs == {}
+    assert service.detect.checkpoint.staged == [] and not service.driver.store.writes
 
 
 async def test_the_agent_acknowledges_after_the_flush_and_a_stop_drops_what_is_staged(

@@ -420,7 +420,7 @@ def test_a_failure_never_leaves_a_half_updated_state_in_the_cache(
         worker.feed(encode_request(run.spans[1:]))
     assert worker.runs[run.trace_id.encode()] == before
     assert run.trace_id not in worker.driver.cache
-    assert worker.driver.take_writes() == []
+    assert not worker.driver.take_writes()
     monkeypatch.undo()
     worker.feed(encode_request(run.spans[1:]))
     state = decode_envelope(worker.runs[run.trace_id.encode()])[1]
@@ -449,13 +449,13 @@ def test_table_writes_wait_for_the_outputs_and_reads_see_them() -> None:
     worker.now += 2 * NS
     out = worker.driver.tick(worker.runs, worker.finished, 0, worker.now)  # same batch
     assert [s["outcome"] for s in out.summaries] == ["complete"]  # read the pending state
-    writes = worker.driver.take_writes()
+    writes = worker.driver.take_writes().rows()
     assert sorted((t, k, v is None) for t, _p, k, v in writes) == [
         ("finished", key, False),
         ("runs", key, True),
     ]
     worker.driver.discard_writes()
-    assert worker.driver.take_writes() == []
+    assert not worker.driver.take_writes()
 
 
 def test_deadline_index() -> None:

@@ -1,11 +1,22 @@
-"""The detect agent's checkpoint: state after outputs, offsets after state.
+"""The detect agent's checkpoint, the one place that writes the worker's tables: counts
+after outputs, state after counts, offsets after state.
 
-A batch's state changes are staged (pending in the driver's store) once its outputs are
-acknowledged by the broker, and written to the tables (changelog and rocksdb) once per
-flush interval (``LOOPWATCH_STATE_FLUSH_MS``) or when too many runs wait: a run touched by
-several batches of an interval is written once (Kafka Streams' record cache, quix-streams'
-``Checkpoint.commit``). The batches' records are acknowledged only after the write, so
-offsets are never committed past state that is not in the changelog.
+A batch's outputs are delivered first (publish.py). Its table writes, run states, finished
+markers, retained runs, episodes and its counts (counting.py), wait in one buffer (the
+driver's store, `Writes`) and are written once per flush interval
+(``LOOPWATCH_STATE_FLUSH_MS``) or when too many runs wait: a run touched by several
+batches of an interval is written once (Kafka Streams' record cache, quix-streams'
+``Checkpoint.commit``). A flush writes in this order, waiting for the producer between:
+
+1. the counts and version sightings (each added once: a redo's ids are refused);
+2. the run states and the rest, whose fired markers stop their outputs from coming again;
+3. then the batches' records are acknowledged, so offsets are never committed past state
+   that is not in the changelog.
+
+A crash after 1 and before 2 makes the batches be processed again with their counts
+already written: the same ids, not added twice. A crash after 2 redoes records whose
+outputs do not come again. Counting after the states instead would lose the counts of a
+crash between the two.
 
 A rebalance (Publisher.generation) drops what is staged, unacknowledged: the records are
 processed again from their committed offsets by the partition's next owner.
@@ -14,8 +25,10 @@ processed again from their committed offsets by the partition's next owner.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from streams.worker.agents.counting import Counting
 from streams.worker.agents.driver import RunDriver
 from streams.worker.kafka.delivery import Publisher
 from streams.worker.kafka.skips import SkipGuard
@@ -31,21 +44,29 @@ def write_error(exc: Exception) -> StateWriteError:
     return StateWriteError(f"{type(exc).__name__}: {exc}"[:300])
 
 
+async def nothing_to_flush() -> None:
+    return None
+
+
 class Checkpoint:
     def __init__(
         self,
         driver: RunDriver,
         tables: Tables,
+        counting: Counting,
         skips: SkipGuard,
         publisher: Publisher,
         *,
+        flush_producer: Callable[[], Awaitable[None]] = nothing_to_flush,
         flush_seconds: float = 0.0,
         flush_max_runs: int = 10_000,
     ) -> None:
         self.driver = driver
         self.tables = tables
+        self.counting = counting
         self.skips = skips
         self.publisher = publisher
+        self.flush_producer = flush_producer  # until every table write sent is in its log
         self.flush_seconds = flush_seconds  # 0: every batch
         self.flush_max_runs = flush_max_runs  # ... or when this many runs have staged writes
         self.failed: str | None = None  # a table write failed: nothing more is written
@@ -59,7 +80,7 @@ class Checkpoint:
     def stage(
         self, events: list[Any], refetched: list[Any], routing: dict[int, Any], generation: int
     ) -> None:
-        """A batch whose outputs are delivered: its state is written by the next flush."""
+        """A batch whose outputs are delivered: its writes are made by the next flush."""
         self.staged += events
         self.staged_refetched += refetched
         self.staged_events.update(routing)
@@ -75,35 +96,49 @@ class Checkpoint:
             return False
         return (
             time.monotonic() - self.last_flush >= self.flush_seconds
-            or len(self.driver.store.pending_runs) >= self.flush_max_runs
+            or self.driver.store.writes.staged("runs") >= self.flush_max_runs
         )
 
-    def flush(self) -> list[Any]:
-        """Write the staged state to the tables; returns the events now to acknowledge
-        (none when a rebalance since they were staged has dropped them). Raises
-        StateWriteError when a write fails."""
+    def drop_if_stale(self) -> bool:
+        """Staged before a rebalance: dropped, unacknowledged. True if it was."""
+        if not self.staged or self.staged_generation == self.publisher.generation:
+            return False
+        self.drop()
+        return True
+
+    async def flush(self) -> list[Any]:
+        """Make the staged writes, in the order above; returns the events now to
+        acknowledge (none when a rebalance since they were staged has dropped them).
+        Raises StateWriteError when a write fails."""
         events, refetched, routing = self.staged, self.staged_refetched, self.staged_events
         self.staged, self.staged_refetched, self.staged_events = [], [], {}
         self.last_flush = time.monotonic()
-        if self.staged_generation != self.publisher.generation:
+        generation = self.staged_generation
+        if generation != self.publisher.generation or self.failed is not None:
             self.driver.discard_writes()
             return []
-        if self.failed is not None:
-            return []
+        writes = self.driver.take_writes()
         tables = self.tables
-        by_name = {
-            "runs": tables.runs,
-            "finished": tables.finished,
-            "retained": tables.retained,
-            "episodes": tables.episodes,
-        }
+        publisher = self.publisher
         try:
-            for table, partition, key, value in self.driver.take_writes():
+            # the last flush's states in the log before these counts: a crash from here on
+            # redoes only the batches below, whose ids the counts then refuse
+            await self.flush_producer()
+            if generation != publisher.generation:
+                self.driver.discard_writes()
+                return []  # revoked meanwhile: nothing written, the new owner redoes them
+            self.counting.write(writes, routing)
+            await self.flush_producer()
+            if generation != publisher.generation:
+                self.driver.discard_writes()
+                return []  # counts written while owned; the new owner refuses their ids
+            for table, partition, key, value in writes.rows():
+                target = tables.named(table)
                 with tables.in_event(routing[partition]):
                     if value is None:
-                        by_name[table].pop(key, None)
+                        target.pop(key, None)
                     else:
-                        by_name[table][key] = value
+                        target[key] = value
         except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
             self.driver.discard_writes()
             raise write_error(exc) from exc

@@ -1,6 +1,11 @@
-"""Counting what the detect agent published: the Prometheus metrics, the worker's counters,
-and the windowed count tables the on-call API sums (one write per label group and
-partition, not per event or run)."""
+"""Counting what the detect agent published: the Prometheus metrics and the worker's
+counters as the outputs are delivered, and the windowed count tables the on-call API sums
+(one write per label group and partition, not per event or run), staged with the batch's
+state and written by the checkpoint before it (streams/worker/agents/checkpoint.py).
+
+Every counted thing has an id (an event's, a run's, a held call's): a batch redone after a
+crash that left its counts written and its states not brings the same ids again, and the
+count records refuse them (streams/worker/state/window_keys.py `added_once`)."""
 
 from __future__ import annotations
 
@@ -8,11 +13,10 @@ from typing import Any
 
 from detectors.holds import DENIED, EXECUTED, RUNS, HeldCall
 from detectors.versions import LOOPING, History, Seen, Slice, run_measures, seen_of, slices_of
-from streams.worker.agents.checkpoint import write_error
 from streams.worker.agents.driver import Outputs
 from streams.worker.state import versions as version_records
-from streams.worker.state.store import Tables
-from streams.worker.state.window_keys import aggregate_key
+from streams.worker.state.store import COUNT_TABLES, Tables, Writes
+from streams.worker.state.window_keys import added_once, aggregate_key, contribution_id, last_ids
 
 VERSION_INFO_LATEST = 5  # versions per service, agent and tool in loopwatch_version_info
 
@@ -23,16 +27,13 @@ class Counting:
         self.counters = counters
         self.tables = tables
         self.known_versions: set[Slice] = set()  # the slices version_info was built with
+        # partition -> ids the last writes before this assignment added (`recover`)
+        self.done: dict[int, set[int]] = {}
 
-    def count(self, outputs: list[tuple[int, Outputs]], events_of: dict[int, Any]) -> None:
-        """Count delivered `outputs`; `events_of[partition]` routes a partition's table
-        writes. Raises StateWriteError when a windowed counter cannot be written."""
+    def stage(self, outputs: list[tuple[int, Outputs]], writes: Writes) -> None:
+        """Observe delivered `outputs` in the metrics and stage their windowed counts in
+        `writes` (the batch's one buffer, written by the checkpoint)."""
         m = self.metrics
-        loops: dict[tuple[int, str], int] = {}
-        runs: dict[tuple[int, str], int] = {}
-        version_counts: dict[tuple[int, str], int] = {}
-        seen: dict[tuple[int, Slice], Seen] = {}
-        held: dict[tuple[int, str], int] = {}
 
         def count_loop(partition: int, ev: dict[str, Any], run: dict[str, Any]) -> None:
             """`run`: where the run-level labels come from (the event, or for an event that
@@ -47,8 +48,8 @@ class Counting:
                 run.get("service_name"),
                 run.get("agent_name"),
             )
-            group = (partition, aggregate_key(labels, partition))
-            loops[group] = loops.get(group, 0) + 1
+            cid = contribution_id("event", ev["event_id"])
+            writes.count("loop_counts", partition, aggregate_key(labels, partition), cid)
 
         def count_held(partition: int, call: HeldCall) -> None:
             """A call an on-call hold decided on (or should have): `loopwatch query holds`."""
@@ -57,9 +58,10 @@ class Counting:
                 measures.append(RUNS)
             if not call.denied:
                 m.observe_hold_violation(call.tool, call.prompt_version)
+            cid = contribution_id("held", call.call_id)
             for measure in measures:
-                group = (partition, aggregate_key((call.hold_id, measure), partition))
-                held[group] = held.get(group, 0) + 1
+                label_key = aggregate_key((call.hold_id, measure), partition)
+                writes.count("hold_counts", partition, label_key, cid)
 
         for partition, out in outputs:
             for ev in out.events:
@@ -76,10 +78,10 @@ class Counting:
                     summary["outcome"],
                     summary["termination_reason"],
                 )
-                group = (partition, aggregate_key(labels, partition))
-                runs[group] = runs.get(group, 0) + 1
+                cid = contribution_id("run", summary["run_id"])
+                writes.count("run_counts", partition, aggregate_key(labels, partition), cid)
                 self.counters["runs_finished"] += 1
-                self.count_versions(partition, summary, version_counts, seen)
+                self.count_versions(partition, summary, cid, writes)
             if out.duplicate_spans:
                 m.duplicate_spans.inc(out.duplicate_spans)
             if out.late_spans:
@@ -90,33 +92,38 @@ class Counting:
                 m.run_evicted("capacity")
             for call in out.held_calls:
                 count_held(partition, call)
+
+    def write(self, writes: Writes, events_of: dict[int, Any]) -> None:
+        """Write the staged counts and sightings (`events_of[partition]` routes a
+        partition's table writes), each added once. Raises what the table raises."""
         tables = self.tables
-        try:
-            for table, groups in (
-                (tables.loop_counts, loops),
-                (tables.run_counts, runs),
-                (tables.version_counts, version_counts),
-                (tables.hold_counts, held),
-            ):
-                for (partition, label_key), n in groups.items():
-                    with tables.in_event(events_of[partition]):
-                        table[label_key] += n
-            for (partition, key), record in seen.items():
-                raw_key = version_records.version_key(key, partition)
+        for name, groups in writes.counts.items():
+            table = tables.named(name)
+            for (partition, label_key), adds in groups.items():
+                done = self.done.get(partition, ())
                 with tables.in_event(events_of[partition]):
-                    old = tables.versions.get(raw_key)
-                    tables.versions[raw_key] = version_records.merged(old, record)
-        except Exception as exc:
-            raise write_error(exc) from exc
-        if any(key not in self.known_versions for _p, key in seen):
+                    table[label_key] = added_once(table.get(label_key), adds, done)
+        for raw_key, (partition, sightings) in writes.sightings.items():
+            done = self.done.get(partition, ())
+            with tables.in_event(events_of[partition]):
+                old = tables.versions.get(raw_key)
+                tables.versions[raw_key] = version_records.merged(old, sightings, done)
+        known = self.known_versions
+        if any(version_records.parse_key(k) not in known for k in writes.sightings):
             self.export_version_history()
 
+    def recover(self, partitions: set[int]) -> None:
+        """After an assignment: the ids each partition's last count writes added, refused
+        once more (a batch whose counts were written before a crash, and whose states
+        were not, is processed again now and lands in the window of now)."""
+        tables = self.tables
+        self.done = version_records.last_ids(tables.versions.items(), partitions)
+        for name in COUNT_TABLES:
+            for p, ids in last_ids(tables.named(name).items(), partitions).items():
+                self.done[p] |= ids
+
     def count_versions(
-        self,
-        partition: int,
-        summary: dict[str, Any],
-        counts: dict[tuple[int, str], int],
-        seen: dict[tuple[int, Slice], Seen],
+        self, partition: int, summary: dict[str, Any], cid: int, writes: Writes
     ) -> None:
         """A finished run on each of its version slices: its measures (windowed) and its
         sighting (the versions table)."""
@@ -129,13 +136,10 @@ class Counting:
             labels = key.labels()
             self.metrics.observe_version_run(labels, LOOPING in measures)
             for name, n in measures.items():
-                group = (partition, aggregate_key([*labels, name], partition))
-                counts[group] = counts.get(group, 0) + n
-            have = seen.get((partition, key))
-            if have is None:
-                seen[(partition, key)] = Seen(sighting.first_ns, sighting.last_ns, 1)
-            else:
-                have.merge(sighting)
+                label_key = aggregate_key([*labels, name], partition)
+                writes.count("version_counts", partition, label_key, cid, n)
+            seen = Seen(sighting.first_ns, sighting.last_ns, 1)
+            writes.sight(partition, version_records.version_key(key, partition), cid, seen)
 
     def export_version_history(self) -> None:
         """loopwatch_version_info from this worker's partitions' records: rebuilt when a

@@ -1,6 +1,7 @@
 """The detect agent: per run, in the faust table ``runs``, the pure pipeline over its steps
-(`RunDriver`); then, in this order, its outputs out (publish.py) and counted (counting.py),
-its state written and its records acknowledged (checkpoint.py). A crash between them redoes
+(`RunDriver`); then, in this order, its outputs out (publish.py) and counted (counting.py:
+metrics now, tables staged), its counts and state written and its records acknowledged
+(checkpoint.py). A crash between them redoes
 records whose outputs may already be out (at least once), and the fired markers in a
 written state stop any re-emission after it.
 
@@ -107,7 +108,7 @@ class Detect:
                     await self.batch(events)
                     self.counters["detect_batches"] += 1
                     if self.checkpoint.due():
-                        await self.ack(self.checkpoint.flush())
+                        await self.ack(await self.checkpoint.flush())
                 except Abandoned:
                     log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
                     continue  # unacked: processed again from the committed offsets
@@ -133,7 +134,7 @@ class Detect:
         if self.stream is not None and not self.lock.locked() and self.checkpoint.due():
             async with self.lock:
                 try:
-                    await self.ack(self.checkpoint.flush())
+                    await self.ack(await self.checkpoint.flush())
                 except StateWriteError as exc:
                     self.state_write_failed(exc)  # the agent halts at its next batch
 
@@ -146,8 +147,7 @@ class Detect:
         Raises Abandoned when a rebalance overtakes it (nothing staged then)."""
         generation = self.publisher.generation
         checkpoint = self.checkpoint
-        if checkpoint.staged and checkpoint.staged_generation != generation:
-            checkpoint.flush()  # staged before a rebalance: dropped (nothing to acknowledge)
+        checkpoint.drop_if_stale()  # staged before a rebalance: nothing to acknowledge
         groups: Groups = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
         dead: list[Sent] = []  # dead letters: delivered before the batch acks
@@ -181,7 +181,7 @@ class Detect:
         # outputs, acknowledged by the broker before the state that fired them
         try:
             await publish(self.publisher, self.events_topic, self.runs_topic, outputs)
-            self.counting.count(outputs, partition_event)
+            self.counting.stage(outputs, self.driver.store.writes)
             await self.publisher.deliver("detect", dead)
             if self.publisher.generation != generation:
                 raise Abandoned  # delivered, but the partitions were revoked meanwhile

@@ -27,7 +27,7 @@ from streams.worker.agents.messages import key_text
 from streams.worker.state import episodes as episode_records
 from streams.worker.state import retained as records
 from streams.worker.state.retained import Retention
-from streams.worker.state.store import Table, TableStore, decode_finished, decode_header
+from streams.worker.state.store import Table, TableStore, Writes, decode_finished, decode_header
 
 log = logging.getLogger("loopwatch.worker")
 
@@ -303,7 +303,7 @@ class RunDriver:
                 partition, key, records.encode(body, partition, now_ns + keep, now_ns)
             )
 
-    def take_writes(self) -> list[tuple[str, int, bytes, bytes | None]]:
+    def take_writes(self) -> Writes:
         return self.store.take_writes()
 
     def discard_writes(self) -> None:

@@ -14,7 +14,6 @@ streams/worker/state/episodes.py. Every write of a batch is staged and applied t
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 from collections import OrderedDict
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.state import RunState
+from detectors.versions import Seen
 from streams.runloop.deadlines import FinishedIndex
 from streams.runloop.loop import Envelope
 from streams.worker.state.codec import decode_state, encode_state
@@ -104,16 +104,70 @@ def decode_finished(raw: bytes) -> tuple[int, int]:
     return int(finished_ns), int(partition)
 
 
+# The tables a flush writes, in its order: the counts first, then the state whose fired
+# markers stop the counted outputs from coming again (streams/worker/agents/checkpoint.py).
+COUNT_TABLES = ("loop_counts", "run_counts", "version_counts", "hold_counts")
+VALUE_TABLES = ("runs", "finished", "retained", "episodes")
+
+Row = tuple[str, int, bytes, bytes | None]  # (table, partition, key, value or None = delete)
+
+
+@dataclass(slots=True)
+class Writes:
+    """Every table write staged since the last flush, in one buffer.
+
+    `values`: table -> key -> (partition, value; None deletes), the last one wins. `counts`:
+    windowed table -> (partition, label key) -> {contribution id: n}; `sightings`: versions
+    key -> (partition, {contribution id: Seen}). Counts are added once
+    (streams/worker/state/window_keys.py): a contribution staged twice is one."""
+
+    values: dict[str, dict[bytes, tuple[int, bytes | None]]] = field(default_factory=dict)
+    counts: dict[str, dict[tuple[int, str], dict[int, int]]] = field(default_factory=dict)
+    sightings: dict[bytes, tuple[int, dict[int, Seen]]] = field(default_factory=dict)
+
+    def put(self, table: str, partition: int, key: bytes, value: bytes | None) -> None:
+        self.values.setdefault(table, {})[key] = (partition, value)
+
+    def get(self, table: str, key: bytes) -> tuple[int, bytes | None] | None:
+        staged = self.values.get(table)
+        return None if staged is None else staged.get(key)
+
+    def staged(self, table: str) -> int:
+        return len(self.values.get(table, ()))
+
+    def count(self, table: str, partition: int, label_key: str, cid: int, n: int = 1) -> None:
+        self.counts.setdefault(table, {}).setdefault((partition, label_key), {})[cid] = n
+
+    def sight(self, partition: int, key: bytes, cid: int, seen: Seen) -> None:
+        self.sightings.setdefault(key, (partition, {}))[1][cid] = seen
+
+    def rows(self) -> list[Row]:
+        """The value writes, table by table in VALUE_TABLES order."""
+        return [
+            (table, p, k, v)
+            for table in VALUE_TABLES
+            for k, (p, v) in self.values.get(table, {}).items()
+        ]
+
+    def __bool__(self) -> bool:
+        return bool(self.values or self.counts or self.sightings)
+
+    def clear(self) -> None:
+        self.values.clear()
+        self.counts.clear()
+        self.sightings.clear()
+
+
 class TableStore:
     """The run loop's store over the `runs` and `finished` tables (`bind` them before use).
 
-    Writes stay pending until the caller has published the outputs they belong to
-    (`take_writes`): a state whose fired markers are in the changelog never belongs to an
-    event that was not delivered. Reads see pending writes first. Decoded states of
-    recently touched runs are kept (write-through: the table always has the same state
-    encoded), which saves the decode on a run's next message; the cache is cleared on
-    every rebalance, and an entry is taken out while its run is processed, so a failure
-    never leaves a half-updated state cached."""
+    Writes stay pending (`writes`, one buffer for every table, the counts' too) until the
+    caller has published the outputs they belong to (`take_writes`): a state whose fired
+    markers are in the changelog never belongs to an event that was not delivered. Reads
+    see pending writes first. Decoded states of recently touched runs are kept
+    (write-through: the table always has the same state encoded), which saves the decode
+    on a run's next message; the cache is cleared on every rebalance, and an entry is taken
+    out while its run is processed, so a failure never leaves a half-updated state cached."""
 
     def __init__(self, cache_size: int = 10_000) -> None:
         self.runs: Table = {}
@@ -123,10 +177,7 @@ class TableStore:
         self.scan: Scan = scan_mapping
         self.cache: OrderedDict[str, tuple[Envelope, RunState]] = OrderedDict()
         self.cache_size = cache_size
-        self.pending_runs: dict[bytes, tuple[int, bytes | None]] = {}
-        self.pending_finished: dict[bytes, tuple[int, bytes | None]] = {}
-        self.pending_retained: dict[bytes, tuple[int, bytes | None]] = {}
-        self.pending_episodes: dict[bytes, tuple[int, bytes | None]] = {}
+        self.writes = Writes()
         self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
         self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
         self.finished_index = FinishedIndex()
@@ -146,17 +197,19 @@ class TableStore:
         if episodes is not None:
             self.episodes = episodes
 
+    def _read(self, table: str, source: Table, key: bytes) -> bytes | None:
+        staged = self.writes.get(table, key)
+        return staged[1] if staged is not None else source.get(key)
+
     def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
         cached = self.cache.pop(run_id, None)
         if cached is not None:
             return cached
-        key = run_id.encode("utf-8")
-        pending = self.pending_runs.get(key)
-        raw = pending[1] if pending is not None else self.runs.get(key)
+        raw = self._read("runs", self.runs, run_id.encode("utf-8"))
         return None if raw is None else decode_envelope(raw)
 
     def save(self, run_id: str, env: Envelope, state: RunState) -> None:
-        self.pending_runs[run_id.encode("utf-8")] = (env.partition, encode_envelope(state, env))
+        self.writes.put("runs", env.partition, run_id.encode("utf-8"), encode_envelope(state, env))
         if self.cache_size > 0:
             self.cache[run_id] = (env, state)
             if len(self.cache) > self.cache_size:
@@ -165,32 +218,27 @@ class TableStore:
     def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None:
         key = run_id.encode("utf-8")
         self.finishing[run_id] = state
-        self.pending_runs[key] = (partition, None)
-        self.pending_finished[key] = (partition, encode_finished(now_ns, partition))
+        self.writes.put("runs", partition, key, None)
+        self.writes.put("finished", partition, key, encode_finished(now_ns, partition))
         self.finished_index.add(partition, now_ns, run_id)
 
     def is_finished(self, run_id: str) -> bool:
-        key = run_id.encode("utf-8")
-        pending = self.pending_finished.get(key)
-        if pending is not None:
-            return pending[1] is not None
-        return self.finished.get(key) is not None
+        return self._read("finished", self.finished, run_id.encode("utf-8")) is not None
 
     def expire_finished(self, partition: int, cutoff_ns: int) -> None:
         """Forget the finished markers of `partition` set at or before `cutoff_ns`."""
         for run_id in self.finished_index.pop_expired(partition, cutoff_ns):
             if self.is_finished(run_id):
-                self.pending_finished[run_id.encode("utf-8")] = (partition, None)
+                self.writes.put("finished", partition, run_id.encode("utf-8"), None)
 
     def load_retained(self, key: bytes) -> bytes | None:
-        pending = self.pending_retained.get(key)
-        return pending[1] if pending is not None else self.retained.get(key)
+        return self._read("retained", self.retained, key)
 
     def put_retained(self, partition: int, key: bytes, value: bytes | None) -> None:
-        self.pending_retained[key] = (partition, value)
+        self.writes.put("retained", partition, key, value)
 
     def put_episode(self, partition: int, key: bytes, value: bytes) -> None:
-        self.pending_episodes[key] = (partition, value)
+        self.writes.put("episodes", partition, key, value)
 
     def sweep_episodes(self, partition: int, cutoff_ns: int, limit: int) -> int:
         """Delete `partition`'s episodes detected before `cutoff_ns`: its oldest keys, up to
@@ -199,8 +247,8 @@ class TableStore:
         for key, _raw in self.scan(self.episodes, partition, None, limit):
             if episode_key_ns(key) >= cutoff_ns:
                 break
-            if key not in self.pending_episodes:
-                self.pending_episodes[key] = (partition, None)
+            if self.writes.get("episodes", key) is None:
+                self.writes.put("episodes", partition, key, None)
                 deleted += 1
         return deleted
 
@@ -216,54 +264,47 @@ class TableStore:
                 expires_ns, _finished, owner = retained_header(raw)
             except ValueError:
                 continue
-            if owner == partition and expires_ns <= now_ns and key not in self.pending_retained:
-                self.pending_retained[key] = (partition, None)
+            staged = self.writes.get("retained", key) is not None
+            if owner == partition and expires_ns <= now_ns and not staged:
+                self.writes.put("retained", partition, key, None)
                 deleted += 1
         self.sweep_after[partition] = items[-1][0] if len(items) == limit else None
         return deleted
 
-    def take_writes(self) -> list[tuple[str, int, bytes, bytes | None]]:
-        """The pending table writes, (table, partition, key, value or None = delete), and
-        forget them: the caller applies them (after the outputs were acknowledged)."""
-        writes = [("runs", p, k, v) for k, (p, v) in self.pending_runs.items()]
-        writes += [("finished", p, k, v) for k, (p, v) in self.pending_finished.items()]
-        writes += [("retained", p, k, v) for k, (p, v) in self.pending_retained.items()]
-        writes += [("episodes", p, k, v) for k, (p, v) in self.pending_episodes.items()]
-        self.state_writes += len(self.pending_runs)
-        self.state_write_bytes += sum(len(v) for _p, v in self.pending_runs.values() if v)
-        self.pending_runs.clear()
-        self.pending_finished.clear()
-        self.pending_retained.clear()
-        self.pending_episodes.clear()
+    def take_writes(self) -> Writes:
+        """The pending writes, and forget them: the caller applies them (after the outputs
+        were acknowledged; streams/worker/agents/checkpoint.py)."""
+        writes = self.writes
+        runs = writes.values.get("runs", {})
+        self.state_writes += len(runs)
+        self.state_write_bytes += sum(len(v) for _p, v in runs.values() if v)
+        self.writes = Writes()
         self.finishing.clear()
         return writes
 
     def discard_writes(self) -> None:
         """The outputs could not be published: drop the batch's writes and every cached
         state (the tables still hold the states before the batch)."""
-        self.pending_runs.clear()
-        self.pending_finished.clear()
-        self.pending_retained.clear()
-        self.pending_episodes.clear()
+        self.writes.clear()
         self.finishing.clear()
         self.cache.clear()
 
     def apply_writes(self) -> int:
-        """take_writes + apply, for plain mappings (tests, tools)."""
-        writes = self.take_writes()
+        """take_writes + apply of the value writes, for plain mappings (tests, tools)."""
+        rows = self.take_writes().rows()
         tables = {
             "runs": self.runs,
             "finished": self.finished,
             "retained": self.retained,
             "episodes": self.episodes,
         }
-        for table, _p, key, value in writes:
+        for table, _p, key, value in rows:
             target = tables[table]
             if value is None:
                 target.pop(key, None)
             else:
                 target[key] = value
-        return len(writes)
+        return len(rows)
 
 
 def _no_event(event: Any) -> contextlib.AbstractContextManager[None]:
@@ -272,10 +313,13 @@ def _no_event(event: Any) -> contextlib.AbstractContextManager[None]:
 
 @dataclass(slots=True)
 class Tables:
-    """The worker's tables: `runs` and `finished` (see above), and the windowed counters
-    behind /loops and /runs (``counts[key] += n``). `in_event(event)`: a context in which
-    writes go to `event`'s partition (faust picks a table write's partition from the
-    current event; plain mappings need nothing)."""
+    """The worker's tables, by the names COUNT_TABLES, VALUE_TABLES and `versions` give them
+    (`named`): `runs` and `finished` (see above), the retained runs, the episodes, the
+    versions, and the windowed counters behind /loops, /runs, /compare and /hold-counts
+    (`get(key)` and ``[key] = value`` in the current window, `items()` of every window: a
+    plain dict in tests). `in_event(event)`: a context in which writes go to `event`'s
+    partition (faust picks a table write's partition from the current event; plain mappings
+    need nothing)."""
 
     runs: Table
     finished: Table
@@ -288,6 +332,11 @@ class Tables:
     # which version replaced which, and the windowed counts of each version's runs
     # (streams/worker/agents/counting.py, detectors/versions.py)
     versions: Table = field(default_factory=dict)
-    version_counts: Any = field(default_factory=lambda: collections.defaultdict(int))
+    version_counts: Any = field(default_factory=dict)
     # what each on-call hold did (detectors/holds.py HOLD_MEASURES), windowed
-    hold_counts: Any = field(default_factory=lambda: collections.defaultdict(int))
+    hold_counts: Any = field(default_factory=dict)
+
+    def named(self, name: str) -> Any:
+        if name not in (*COUNT_TABLES, *VALUE_TABLES, "versions"):
+            raise KeyError(name)
+        return getattr(self, name)

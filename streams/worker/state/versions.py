@@ -2,7 +2,10 @@
 
 Key: the slice's labels plus the partition, as the windowed count tables spell them
 (streams/worker/state/window_keys.py), as bytes; each partition keeps its own record, so
-two partitions never write one key. Value: the JSON list [first_ns, last_ns, runs].
+two partitions never write one key. Value: the JSON list [first_ns, last_ns, runs, ids], the
+ids (streams/worker/state/window_keys.py `contribution_id` of run ids) those of the runs its
+last write added, so that a batch redone after a crash does not count its runs twice
+(records written before the ids were kept have 3 items).
 The table stays small (one record per version, service, agent, tool and partition);
 it is compacted, never windowed, so a version's first sighting outlives the 24 h counts.
 """
@@ -10,7 +13,7 @@ it is compacted, never windowed, so a version's first sighting outlives the 24 h
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from detectors.versions import History, Seen, Slice
@@ -21,16 +24,26 @@ def version_key(key: Slice, partition: int) -> bytes:
     return aggregate_key(key.labels(), partition).encode("utf-8")
 
 
-def encode_seen(seen: Seen) -> bytes:
-    return json.dumps(seen.to_list(), separators=(",", ":")).encode("ascii")
+def encode_seen(seen: Seen, ids: Iterable[int] = ()) -> bytes:
+    return json.dumps([*seen.to_list(), sorted(ids)], separators=(",", ":")).encode("ascii")
+
+
+def decode_record(raw: Any) -> tuple[Seen, list[int]] | None:
+    """A record and the ids of its last write, or None for a value this version cannot read
+    (skipped, not fatal)."""
+    try:
+        values = json.loads(bytes(raw))
+        ids = values[3] if len(values) == 4 else []
+        if not all(type(i) is int for i in ids):
+            return None
+        return Seen.from_list(values[:3]), ids
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def decode_seen(raw: Any) -> Seen | None:
-    """A record, or None for a value this version cannot read (skipped, not fatal)."""
-    try:
-        return Seen.from_list(json.loads(bytes(raw)))
-    except (TypeError, ValueError):
-        return None
+    record = decode_record(raw)
+    return None if record is None else record[0]
 
 
 def parse_key(raw: Any) -> Slice | None:
@@ -41,13 +54,36 @@ def parse_key(raw: Any) -> Slice | None:
         return None
 
 
-def merged(old: Any, seen: Seen) -> bytes:
-    """The stored record `old` (bytes or None) with `seen` added."""
-    have = decode_seen(old) if old is not None else None
+def merged(old: Any, sightings: Mapping[int, Seen], done: Iterable[int] = ()) -> bytes:
+    """The stored record `old` (bytes or None) with `sightings` ({run's contribution id: its
+    sighting}) added, except those its last write added and those in `done` (added before
+    a crash). The record keeps the ids of all of `sightings`: a redo of this write adds
+    nothing again."""
+    record = decode_record(old) if old is not None else None
+    have, last = record if record is not None else (None, [])
+    skip = set(last).union(done)
+    for cid, seen in sightings.items():
+        if have is None:
+            have = Seen(seen.first_ns, seen.last_ns, 0 if cid in skip else seen.runs)
+        elif cid not in skip:
+            have.merge(seen)
     if have is None:
-        return encode_seen(seen)
-    have.merge(seen)
-    return encode_seen(have)
+        raise ValueError("no sighting to record")
+    return encode_seen(have, sightings)
+
+
+def last_ids(items: Iterable[tuple[Any, Any]], partitions: set[int]) -> dict[int, set[int]]:
+    """Per partition of `partitions`, the ids of its records' last writes (see
+    window_keys.last_ids)."""
+    out: dict[int, set[int]] = {p: set() for p in partitions}
+    for raw_key, raw_value in items:
+        try:
+            partition = json.loads(bytes(raw_key))[-1]
+        except (TypeError, ValueError, IndexError):
+            continue
+        if partition in out and (record := decode_record(raw_value)) is not None:
+            out[partition].update(record[1])
+    return out
 
 
 def history_of(items: Iterable[tuple[Any, Any]], into: History | None = None) -> History:

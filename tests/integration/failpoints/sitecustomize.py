@@ -8,6 +8,11 @@ to the committed offsets and before faust records them, wait (up to 5 s) until t
 fetcher has put a few stream records in a queue, when the flow lets it. This turns the race
 of streams/worker/faust_internals.py, which a loaded machine hits now and then, into one
 that happens on every restart with a backlog whenever the flow is open during the seek.
+
+``LOOPWATCH_FAILPOINT_KILL_AT=counts:N`` (or ``states:N``): SIGKILL the worker in its Nth
+checkpoint flush that writes counts (streams/worker/agents/checkpoint.py), once the counts
+(or the counts and the run states) are in the changelog and before the batches' records
+are acknowledged: the crash between counting and the offset commit, on every start.
 """
 
 from __future__ import annotations
@@ -46,6 +51,46 @@ def _seek_race() -> None:
     driver.Consumer.seek_to_committed = seek_to_committed
 
 
+def _kill_at(where: str, nth: int) -> None:
+    import signal
+
+    from streams.worker.agents.checkpoint import Checkpoint
+    from streams.worker.state.store import Writes
+
+    flushes = 0
+
+    def kill(what: str) -> None:
+        print(f"failpoint kill_at: SIGKILL after the {what} of flush {flushes}", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    original_rows = Writes.rows
+
+    def rows(self):  # type: ignore[no-untyped-def]
+        nonlocal flushes
+        if self.counts:  # called by the flush once its counts are written and flushed
+            flushes += 1
+            if where == "counts" and flushes == nth:
+                kill("counts")
+        return original_rows(self)
+
+    original_flush = Checkpoint.flush
+
+    async def flush(self):  # type: ignore[no-untyped-def]
+        before = flushes
+        events = await original_flush(self)
+        if where == "states" and flushes == nth and before < nth:
+            await self.flush_producer()
+            kill("counts and states")
+        return events
+
+    Writes.rows = rows
+    Checkpoint.flush = flush
+
+
+if os.environ.get("LOOPWATCH_FAILPOINT_KILL_AT"):
+    _where, _, _nth = os.environ["LOOPWATCH_FAILPOINT_KILL_AT"].partition(":")
+    _kill_at(_where, int(_nth))
 if os.environ.get("LOOPWATCH_FAILPOINT_SEEK_RACE"):
     _seek_race()
 if os.environ.get("LOOPWATCH_TRACE_FLOW"):
