@@ -10,6 +10,7 @@
 - `spans.py`: the decoded span record.
 """
 
-from streams.spanpath.entry import SpanPath, StepBatch, group_steps
+from streams.spanpath.entry import SpanPath, group_steps
+from streams.spanpath.spans import StepBatch
 
 __all__ = ["SpanPath", "StepBatch", "group_steps"]

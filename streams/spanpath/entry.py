@@ -17,27 +17,34 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import Step
 from detectors.policy import Policy
 from streams.spanpath import native_spec
-from streams.spanpath.native_spec import NativeBatch
 from streams.spanpath.normalize import STEP_ERRORS, Normalizer
-from streams.spanpath.otlp import OTLP_PROTO, decode_record
-from streams.spanpath.spans import SpanRecord
-
-# One export message's steps, whichever path made them: steps by run (first-seen order),
-# invalid spans skipped (and which: span id, trace id, exception name), span count, and
-# the earliest and latest span end.
-StepBatch = NativeBatch
+from streams.spanpath.otlp import OTLP_PROTO, decode_record, decode_record_py
+from streams.spanpath.spans import SpanRecord, StepBatch
 
 _BUILD: Any = object()
 
 
+Decode = Callable[[bytes, str, str], list[SpanRecord]]  # (data, encoding, where)
+
+
 class SpanPath:
-    def __init__(self, normalizer: Normalizer, native: Any = _BUILD) -> None:
+    def __init__(
+        self, normalizer: Normalizer, native: Any = _BUILD, decode: Decode = decode_record
+    ) -> None:
         """`native`: the extension's span path to use (default: built for the normalizer's
-        policy and key; None when the extension is missing or does not take the policy)."""
+        policy and key; None when the extension is missing or does not take the policy).
+        `decode`: the decoder of the messages the native path does not take (the native
+        decoder when the extension is built: the same records as the Python one)."""
         self.normalizer = normalizer
         if native is _BUILD:
             native = native_spec.build(normalizer.policy, normalizer.fp)
         self.native = native
+        self.decode = decode
+
+    @classmethod
+    def python(cls, normalizer: Normalizer) -> SpanPath:
+        """The pure-Python path, as a machine without the extension runs it."""
+        return cls(normalizer, None, decode_record_py)
 
     @classmethod
     def of(cls, policy: Policy, fingerprinter: Fingerprinter) -> SpanPath:
@@ -47,7 +54,7 @@ class SpanPath:
         """One export message in `encoding`. Raises DecodeError (naming `where`) for
         malformed input, or an encoding that is not OTLP protobuf or JSON."""
         batch = native_spec.normalize(self.native, data, encoding)
-        return batch if batch is not None else self.spans(decode_record(data, encoding, where))
+        return batch if batch is not None else self.spans(self.decode(data, encoding, where))
 
     def steps(self, spans: Sequence[SpanRecord] | StepBatch) -> StepBatch:
         """A message's steps from its decoded spans, or the steps as they are."""
@@ -60,10 +67,16 @@ class SpanPath:
         def invalid(span: Any, exc: Exception) -> None:
             invalid_spans.append((span.span_id, span.trace_id, type(exc).__name__))
 
-        by_run, skipped, last_end = group_steps(self.normalizer, spans, invalid)
-        first_end = min((s.end_ns for steps in by_run.values() for s in steps), default=0)
-        return NativeBatch(
-            by_run, skipped, last_end, len(spans), invalid_spans, first_end, last_end
+        by_run, skipped, max_end = group_steps(self.normalizer, spans, invalid)
+        ends = [span.end_ns for span in spans]  # every span's, valid or not, as natively
+        return StepBatch(
+            by_run,
+            skipped,
+            max_end,
+            len(spans),
+            invalid_spans,
+            min(ends, default=0),
+            max(ends, default=0),
         )
 
 

@@ -16,7 +16,6 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 from detectors.fingerprint import Fingerprinter
@@ -29,6 +28,7 @@ from streams.spanpath.limits import LIMIT_NAMES
 from streams.spanpath.normalize import TOOL_CALL_FINISH_REASONS
 from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
+from streams.spanpath.spans import StepBatch
 
 NATIVE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace"})
 
@@ -216,22 +216,7 @@ def build(policy: Policy, fingerprinter: Fingerprinter, stream: TextIO | None = 
         return None
 
 
-@dataclass(slots=True)
-class NativeBatch:
-    """One export message normalized natively: what `group_steps` gives for it, plus the
-    span count, the invalid spans to report and the batch's span end range (`feed_sources`
-    merges sources by it)."""
-
-    by_run: dict[str, list[Step]]
-    invalid: int
-    max_end: int
-    spans: int
-    invalid_spans: list[tuple[str, str, str]]  # (span id, trace id, exception name)
-    first_end: int
-    last_end: int
-
-
-def normalize(span_path: Any, data: Any, encoding: str = OTLP_PROTO) -> NativeBatch | None:
+def normalize(span_path: Any, data: Any, encoding: str = OTLP_PROTO) -> StepBatch | None:
     """The native result for one export message `data` in `encoding` (OTLP protobuf or
     OTLP JSON), or None: the Python decoder and normalizer must take this message
     (malformed input, for its exact error; a value only Python decides; a JSON document
@@ -246,4 +231,4 @@ def normalize(span_path: Any, data: Any, encoding: str = OTLP_PROTO) -> NativeBa
         )
     else:  # an unknown encoding: decode_record names it
         return None
-    return None if got is None else NativeBatch(*got)
+    return None if got is None else StepBatch(*got)

@@ -1,10 +1,14 @@
 """The decoded span: what streams/spanpath/otlp/ produces from OTLP bytes and what
-streams/spanpath/normalize.py maps to a detectors.model.Step. Plain Python values only."""
+streams/spanpath/normalize.py maps to a detectors.model.Step. Plain Python values only.
+And `StepBatch`, what the span path makes of one export message on either side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from detectors.model import Step
 
 # OTLP Status.code
 STATUS_UNSET = 0
@@ -41,3 +45,20 @@ class SpanRecord:
     resource: dict[str, Any]
     events: list[SpanEvent] = field(default_factory=list)
     scope_name: str = ""
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """One export message's steps, whichever span path made them (native or Python, held
+    equal by tests/unit/test_native_normalize.py): steps by run (first-seen order), the
+    invalid spans skipped and which (span id, trace id, exception name), the latest end of
+    a valid step, the span count, and the end range of every span of the message (the
+    replay merges sources by it)."""
+
+    by_run: dict[str, list[Step]]
+    invalid: int
+    max_end: int
+    spans: int
+    invalid_spans: list[tuple[str, str, str]]
+    first_end: int
+    last_end: int

@@ -1,14 +1,16 @@
 """The native normalizer (loopwatch_native.SpanPath) against the Python reference.
 
 One behaviour, two implementations: for OTLP protobuf bytes, `SpanPath.normalize` must give
-what `group_steps(Normalizer(policy, fp), decode_proto_py(data))` gives: the same steps (every
-field, exact types, digests) grouped by run in the same order, the same invalid count and
-invalid spans, the same latest end; and None (the Python path takes the message) wherever
-the Python decoder raises. `SpanPath.normalize_json` likewise for OTLP JSON bytes against
-`decode_json_py`. Inputs: every framework fixture and example under several policies (as
-protobuf and as JSON), hypothesis-built requests over every profile's attribute keys and
-value shapes (both encodings), policies with contracts and custom profiles, truncated and
-corrupted messages, JSON documents damaged at the text level.
+what the production Python path gives (`streams.spanpath.SpanPath.python(...).message`, the
+fallback of a machine without the extension: `decode_proto_py`, then the Python
+normalizer): the same steps (every field, exact types, digests) grouped by run in the same
+order, the same invalid count and invalid spans, the same latest end, span count and span
+end range; and None (the Python path takes the message) wherever the Python decoder
+raises. `SpanPath.normalize_json` likewise for OTLP JSON bytes against `decode_json_py`.
+Inputs: every framework fixture and example under several policies (as protobuf and as
+JSON), hypothesis-built requests over every profile's attribute keys and value shapes (both
+encodings), policies with contracts and custom profiles, truncated and corrupted messages,
+JSON documents damaged at the text level.
 
 Runs whenever the extension is built (CI: LOOPWATCH_REQUIRE_NATIVE=1 builds it and fails
 without it); skipped only on a fallback-only installation.
@@ -38,13 +40,12 @@ from detectors.policy import Policy, load_policy, policy_from_mapping
 from streams.errors import DecodeError
 from streams.replay.files import iter_batches, iter_payloads
 from streams.spanpath import SpanPath, fallback, group_steps, native, native_spec
-from streams.spanpath.native_spec import NativeBatch
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import OTLP_JSON, OTLP_PROTO, SPAN_KINDS, STATUS_CODES
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS, decode_json_py
 from streams.spanpath.otlp.proto import decode_proto_py
 from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
-from streams.spanpath.spans import SpanEvent
+from streams.spanpath.spans import SpanEvent, StepBatch
 from streams.worker.agents.decode import InputDecoder
 from tests.native_ext import EXT, requires_native
 from tests.unit.test_native_json import EXPLICIT as JSON_EXPLICIT
@@ -154,26 +155,21 @@ def canon(x: Any) -> Any:
 
 
 def python_result(policy: Policy, key: bytes | None, data: bytes, encoding: str) -> Any:
-    decode = decode_proto_py if encoding == OTLP_PROTO else decode_json_py
+    """What a machine without the extension makes of `data`: the production Python path
+    (`SpanPath.python`, the pure-Python decoders and normalizer), or None when it rejects
+    the message."""
     try:
-        spans = decode(data)
+        batch = SpanPath.python(Normalizer(policy, Fingerprinter(key))).message(data, encoding)
     except DecodeError:
         return None
-    invalid: list[tuple[str, str, str]] = []
-    by_run, n_invalid, max_end = group_steps(
-        Normalizer(policy, Fingerprinter(key)),
-        spans,
-        lambda span, exc: invalid.append((span.span_id, span.trace_id, type(exc).__name__)),
-    )
-    ends = [s.end_ns for s in spans]
     return (
-        [(run, [canon(s.to_list()) for s in steps]) for run, steps in by_run.items()],
-        n_invalid,
-        max_end,
-        len(spans),
-        invalid,
-        min(ends, default=0),
-        max(ends, default=0),
+        [(run, [canon(s.to_list()) for s in steps]) for run, steps in batch.by_run.items()],
+        batch.invalid,
+        batch.max_end,
+        batch.spans,
+        batch.invalid_spans,
+        batch.first_end,
+        batch.last_end,
     )
 
 
@@ -794,7 +790,7 @@ def test_json_files_are_read_natively(tmp_path: Path) -> None:
         )
     )
     assert [s for s, _ in got] == [f"{f}:1", f"{f}:3"]
-    assert all(isinstance(b, NativeBatch) for _, b in got)
+    assert all(isinstance(b, StepBatch) for _, b in got)
     (error,) = errors
     assert str(error).startswith(f"{f}:2: invalid JSON")
 

@@ -9,6 +9,8 @@ attribute values).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from streams.errors import DecodeError
 from streams.spanpath.otlp.common import (
     ANY_VALUE_KINDS,
@@ -19,8 +21,8 @@ from streams.spanpath.otlp.common import (
     STATUS_CODES,
     AnyValueKind,
 )
-from streams.spanpath.otlp.json_decode import _show, decode_json
-from streams.spanpath.otlp.proto import decode_proto
+from streams.spanpath.otlp.json_decode import _show, decode_json, decode_json_py
+from streams.spanpath.otlp.proto import decode_proto, decode_proto_py
 from streams.spanpath.otlp.transcode import json_to_proto_bytes, proto_to_json_bytes
 from streams.spanpath.spans import SpanRecord
 
@@ -35,19 +37,36 @@ __all__ = [
     "decode_json",
     "decode_proto",
     "decode_record",
+    "decode_record_py",
     "json_to_proto_bytes",
     "proto_to_json_bytes",
 ]
 
 
 def decode_record(value: bytes, encoding: str, source: str) -> list[SpanRecord]:
-    """Decode one Kafka record value / file message in the named kafkaexporter encoding."""
+    """Decode one Kafka record value / file message in the named kafkaexporter encoding
+    (the native decoders when the extension is built)."""
+    return _decode(value, encoding, source, decode_proto, decode_json)
+
+
+def decode_record_py(value: bytes, encoding: str, source: str) -> list[SpanRecord]:
+    """`decode_record` with the pure-Python decoders (the reference)."""
+    return _decode(value, encoding, source, decode_proto_py, decode_json_py)
+
+
+def _decode(
+    value: bytes,
+    encoding: str,
+    source: str,
+    proto: Callable[[bytes, str], list[SpanRecord]],
+    json: Callable[[bytes, str], list[SpanRecord]],
+) -> list[SpanRecord]:
     if value is None:
         raise DecodeError(f"{source}: record has no value")
     if encoding == OTLP_PROTO:
-        return decode_proto(value, source)
+        return proto(value, source)
     if encoding == OTLP_JSON:
-        return decode_json(value, source)
+        return json(value, source)
     raise DecodeError(
         f"{source}: unknown encoding {_show(encoding)} (expected one of {', '.join(ENCODINGS)})"
     )
