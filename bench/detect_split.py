@@ -25,21 +25,21 @@ from detectors.policy import Policy, load_policy
 from streams.replay.engine import Engine
 from streams.runtime import tune_gc
 from streams.spanpath import SpanPath
-from streams.spanpath.native_spec import NativeBatch
+from streams.spanpath.spans import StepBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = b"bench-key"
-FIELDS = tuple(NativeBatch.__dataclass_fields__)
+FIELDS = tuple(StepBatch.__dataclass_fields__)
 
 
-def normalized(messages: list[bytes], policy: Policy) -> list[NativeBatch]:
+def normalized(messages: list[bytes], policy: Policy) -> list[StepBatch]:
     """Each message as the batch `Engine.feed` takes (steps grouped by run)."""
     span_path = SpanPath.of(policy, Fingerprinter(KEY))
     return [span_path.message(message) for message in messages]
 
 
 def load_other(tree: Path) -> tuple[Any, Any]:
-    """(Engine, NativeBatch) of the version in `tree`: its packages are imported from there
+    """(Engine, its batch class) of the version in `tree`: its packages are imported from there
     under their own names, then this version's are put back (the loaded classes keep their
     modules through their globals; the engine imports nothing lazily on this path)."""
     names = ("detectors", "streams", "alerts")
@@ -49,7 +49,12 @@ def load_other(tree: Path) -> tuple[Any, Any]:
     sys.path.insert(0, str(tree))
     try:
         engine_mod = importlib.import_module("streams.replay.engine")
-        batch_mod = importlib.import_module("streams.spanpath.native_spec")
+        spans_mod = importlib.import_module("streams.spanpath.spans")
+        # StepBatch since issue 40; before, native_spec.NativeBatch
+        batch_class = (
+            getattr(spans_mod, "StepBatch", None)
+            or importlib.import_module("streams.spanpath.native_spec").NativeBatch
+        )
     finally:
         sys.path.remove(str(tree))
         for k in [k for k in sys.modules if k.split(".")[0] in names]:
@@ -57,7 +62,7 @@ def load_other(tree: Path) -> tuple[Any, Any]:
         sys.modules.update(ours)
     if not str(engine_mod.__file__).startswith(str(tree)):
         raise SystemExit(f"{tree}: streams.replay.engine was not loaded from there")
-    return engine_mod.Engine, batch_mod.NativeBatch
+    return engine_mod.Engine, batch_class
 
 
 def detect(
