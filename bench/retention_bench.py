@@ -35,11 +35,12 @@ def record_sizes(total_spans: int) -> dict[str, Any]:
     """Mean encoded bytes of a retained record, looping and clean runs, from the corpus."""
     from bench.corpus import export_messages
     from detectors.fingerprint import Fingerprinter
+    from detectors.model import NS
     from detectors.policy import load_policy
     from streams.spanpath import group_steps
     from streams.spanpath.normalize import Normalizer
     from streams.spanpath.otlp import decode_record
-    from streams.worker.agents.driver import NS, RunDriver
+    from streams.worker.agents.driver import RunDriver
     from streams.worker.state.retained import Retention, decode
 
     policy = load_policy(ROOT / "examples" / "loopwatch.yaml")

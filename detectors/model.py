@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
+
+NS: Final = 1_000_000_000  # span times are ns since the epoch; everything that keeps time too
 
 # Step kinds. Only these reach the detectors; other spans are dropped by the normalizer
 # (but still count towards trace completeness through the run's span bookkeeping).

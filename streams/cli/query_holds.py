@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from detectors.holds import DENIED, EXECUTED, HOLD_MEASURES, RUNS
+from detectors.model import NS
 from streams.cli.render import Block, table, write
 
 DEFAULT_SINCE = "24h"  # the counters keep a day (the policy's default longest hold)
@@ -108,7 +109,7 @@ def render(rows: list[dict[str, Any]], covers: str) -> list[Block]:
 
 def show(client: Any, since: str, since_seconds: int, as_json: bool, now_ns: int) -> int:
     holds, counts = fetch(client, since)
-    rows = report(holds, counts, now_ns - since_seconds * 10**9)
+    rows = report(holds, counts, now_ns - since_seconds * NS)
     covers = counts.get("covers")
     if not isinstance(covers, str):
         covers = since

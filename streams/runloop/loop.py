@@ -30,7 +30,7 @@ from alerts.events import build_event
 from alerts.trace_links import TraceLinks
 from detectors import holds, pipeline
 from detectors.holds import HeldCall
-from detectors.model import TOOL, Finding, Step
+from detectors.model import NS, TOOL, Finding, Step
 from detectors.policy import Policy
 from detectors.state import DEFERRED_CAP, RunState
 from streams.errors import DecodeError
@@ -38,7 +38,6 @@ from streams.runloop.deadlines import Deadline, DeadlineIndex
 
 log = logging.getLogger("loopwatch.worker")
 
-NS = 1_000_000_000
 # Arrivals of one run waiting for the input clock at once (Envelope.candidates): each is
 # released as soon as the clock passes it, not after the one before it was.
 MAX_CANDIDATES = 8

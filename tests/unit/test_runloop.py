@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors.fingerprint import Fingerprinter
-from detectors.model import Step
+from detectors.model import NS, Step
 from detectors.policy import Policy
 from streams.replay.engine import Engine
-from streams.runloop.loop import NS, MemoryStore, RunLoop
+from streams.runloop.loop import MemoryStore, RunLoop
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.worker.state.store import TableStore

@@ -14,13 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors.fingerprint import Fingerprinter
+from detectors.model import NS
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from detectors.recovery import event_id
 from streams.runloop.deadlines import Deadline, DeadlineIndex, FinishedIndex
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_record
-from streams.worker.agents.driver import NS, RunDriver
+from streams.worker.agents.driver import RunDriver
 from streams.worker.agents.messages import (
     decode_run_groups,
     decode_steps,

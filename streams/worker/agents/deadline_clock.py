@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from detectors.model import NS
 from streams.worker.agents.messages import CLOCK_HEADER
 from streams.worker.kafka.input_clock import InputClock
 
 log = logging.getLogger("loopwatch.worker")
 
-NS = 1_000_000_000
 # The input clock holds deadlines only while its probe answers: after this long without an
 # answer (broker unreachable, offsets unavailable) deadlines follow the wall clock again.
 INPUT_PROBE_STALE_NS = 30 * NS

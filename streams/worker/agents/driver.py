@@ -18,11 +18,11 @@ from typing import Any
 
 from alerts.trace_links import TraceLinks
 from detectors.holds import HeldCall
-from detectors.model import Step
+from detectors.model import NS, Step
 from detectors.policy import Policy
 from detectors.state import RunState
 from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
-from streams.runloop.loop import NS, Envelope, RunLoop
+from streams.runloop.loop import Envelope, RunLoop
 from streams.worker.agents.messages import key_text
 from streams.worker.state import episodes as episode_records
 from streams.worker.state import retained as records
@@ -38,7 +38,7 @@ SWEEP_SECONDS = 60
 SWEEP_NS = SWEEP_SECONDS * NS
 SWEEP_BATCH = 5_000
 
-__all__ = ["NS", "Outputs", "RunDriver"]
+__all__ = ["Outputs", "RunDriver"]
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from alerts.trace_links import TraceLinks
+from detectors.model import NS
 from detectors.recovery import event_id
 from detectors.state import WIN_ACTION, WIN_CODE, WIN_OUTCOME, WIN_POS, WIN_SPAN, WIN_TOOL
 from streams.worker.api import params as api_params
@@ -18,8 +19,6 @@ from streams.worker.state import episodes, retained
 from streams.worker.state.retained import Retention
 from streams.worker.state.store import decode_envelope
 from streams.worker.state.window_keys import iter_window_counts
-
-NS = 1_000_000_000
 
 
 class BadRequest(ValueError):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from alerts.trace_links import TraceLinks
+from detectors.model import NS
 from streams.worker import faust_internals
 from streams.worker.api.answers import (
     BadRequest,
@@ -154,7 +155,7 @@ class Views:
             )
             complete = True
             if views.retention is not None:
-                cutoff = time.time_ns() - seconds * 10**9
+                cutoff = time.time_ns() - seconds * NS
                 complete = add_spread(
                     rows,
                     by,
@@ -250,8 +251,8 @@ class Views:
                     {"error": "finished runs are not kept (LOOPWATCH_RUN_RETENTION_HOURS=0)"},
                     status=404,
                 )
-            covered, seconds = window(since, seconds, views.retention.looping_ns // 10**9)
-            cutoff = time.time_ns() - seconds * 10**9
+            covered, seconds = window(since, seconds, views.retention.looping_ns // NS)
+            cutoff = time.time_ns() - seconds * NS
             rows = recent_episodes(
                 views.partitions(),
                 views.episodes,
@@ -293,7 +294,7 @@ class Views:
             mine = {"versions": history_of(views.versions.items()).rows()}
 
             def merge(shares: list[Any]) -> Any:
-                cutoff = time.time_ns() - seconds * 10**9
+                cutoff = time.time_ns() - seconds * NS
                 history = merged_history(shares)
                 rows = versions_rows(
                     history, cutoff, where.get("service_name"), where.get("agent_name")

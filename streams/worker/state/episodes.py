@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-NS = 1_000_000_000
 FIELDS = (
     "run_id",
     "trace_id",

@@ -22,12 +22,11 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from detectors.holds import Call, Hold, HoldError, HoldIndex, Scope, hold_from
-from detectors.model import Step, denials
+from detectors.model import NS, Step, denials
 from streams.errors import BrokerError
 
 log = logging.getLogger("loopwatch.holds")
 MAX_HOLDS = 10_000  # kept in memory, active or not (the oldest released go first)
-NS = 10**9
 
 
 class HoldBook:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from detectors.model import TOOL, Step
+from detectors.model import NS, TOOL, Step
 from detectors.policy import Policy
 from detectors.state import (
     WIN_ACTION,
@@ -42,7 +42,6 @@ from detectors.state import (
     RunState,
 )
 
-NS = 1_000_000_000
 _HEAD = struct.Struct(">cqqH")
 MAGIC = b"R"
 MAX_EVENTS = 64  # events kept per run (the first ones: where the loop began)
