@@ -31,6 +31,9 @@ from detectors.errors import LoopwatchError
 from detectors.policy import load_policy
 from streams.runtime import tune_gc
 
+# the packages whose modules log as themselves (logging.getLogger(__name__))
+OWN_LOGGERS = ("streams", "detectors", "alerts")
+
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -73,9 +76,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("loopwatch").setLevel(
-        min(logging.INFO, logging.getLevelName(settings.log_level.upper()))
-    )
+    for ours in OWN_LOGGERS:  # loopwatch's own lines stay at INFO under a quieter level
+        logging.getLogger(ours).setLevel(
+            min(logging.INFO, logging.getLevelName(settings.log_level.upper()))
+        )
 
     import faust
 
@@ -164,7 +168,7 @@ class BoundedStop:
         if self._timer is not None:
             return
         self.signalled_at = time.monotonic()
-        logging.getLogger("loopwatch.worker").warning(
+        logging.getLogger(__name__).warning(
             "stopping (%s): exits within %.0f s (LOOPWATCH_STOP_TIMEOUT_SECONDS)",
             signal.Signals(signum).name,
             self.seconds,
@@ -178,7 +182,7 @@ class BoundedStop:
             left = self.abandoned()
         except Exception as exc:  # the exit must happen whatever this says
             left = f"(unknown: {exc!r})"
-        logging.getLogger("loopwatch.worker").error(
+        logging.getLogger(__name__).error(
             "stop did not finish within %.0f s: exiting now; abandoned: %s. Nothing "
             "undelivered was acknowledged: those input records are processed again after "
             "a restart",

@@ -36,7 +36,7 @@ from detectors.state import DEFERRED_CAP, RunState
 from streams.errors import DecodeError
 from streams.runloop.deadlines import Deadline, DeadlineIndex
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 # Arrivals of one run waiting for the input clock at once (Envelope.candidates): each is
 # released as soon as the clock passes it, not after the one before it was.

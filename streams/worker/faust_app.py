@@ -25,7 +25,7 @@ from streams.worker.service import Worker
 from streams.worker.state.holds import HoldBook
 from streams.worker.state.store import Tables
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 
 # rocksdb's memory by what holds it (summed over every open table partition): the memtables

@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 _MARK = "_loopwatch_flow_stopped_before_seek"
 

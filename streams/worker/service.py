@@ -53,7 +53,7 @@ from streams.worker.kafka.skips import SkipGuard
 from streams.worker.state.statedir import writable
 from streams.worker.state.store import Tables
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 # /healthz is not ready when nothing was processed for this long while records wait
 STALLED_SECONDS = 60.0

@@ -49,7 +49,7 @@ def test_states_one_line_per_change_and_a_reminder_per_interval(
 ) -> None:
     clock = Clock()
     link = link_with(metrics, clock, reminder=60)
-    caplog.set_level(logging.WARNING, logger="loopwatch")
+    caplog.set_level(logging.WARNING, logger="streams")
     assert link.state == "connected" and gauge(metrics, "loopwatch_broker_connected") == 1
     # an outage: the probe fails every 2 s for 5 minutes
     for _ in range(150):

@@ -14,7 +14,7 @@ from detectors.model import NS
 from streams.worker.agents.messages import CLOCK_HEADER
 from streams.worker.kafka.input_clock import InputClock
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 # The input clock holds deadlines only while its probe answers: after this long without an
 # answer (broker unreachable, offsets unavailable) deadlines follow the wall clock again.

@@ -14,7 +14,7 @@ from streams.spanpath.normalize import Normalizer
 from streams.worker.agents.dead_letters import DeadLetters
 from streams.worker.kafka.delivery import Sent
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 
 class InputDecoder:

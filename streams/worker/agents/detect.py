@@ -44,7 +44,7 @@ from streams.worker.kafka.delivery import Abandoned, Publisher, Sent
 from streams.worker.kafka.skips import SkipGuard
 from streams.worker.state.store import Tables
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
 

@@ -29,7 +29,7 @@ from streams.worker.state import retained as records
 from streams.worker.state.retained import Retention
 from streams.worker.state.store import Table, TableStore, Writes, decode_finished, decode_header
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 # Expired retained records are deleted a slice at a time, per partition: SWEEP_BATCH
 # records read (their 19-byte header) every SWEEP_SECONDS, so a record outlives its

@@ -28,7 +28,7 @@ from streams.worker.agents.messages import (
 from streams.worker.kafka.delivery import Abandoned, Outgoing, Publisher, Sent
 from streams.worker.kafka.skips import SkipGuard
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 
 class Ingest:

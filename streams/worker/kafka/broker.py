@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 CONNECTED = "connected"
 DEGRADED = "degraded"

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 PUBLISH_RETRY_FIRST_SECONDS = 1.0
 PUBLISH_RETRY_MAX_SECONDS = 30.0

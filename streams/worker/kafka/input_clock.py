@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 MAX_SNAPSHOTS = 3600  # one per tick: an hour of backlog at 1 s ticks
 

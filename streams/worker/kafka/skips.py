@@ -14,7 +14,7 @@ from typing import Any
 from streams.worker.faust_internals import committed_offsets
 from streams.worker.kafka.refetch import OffsetGaps, Refetcher
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 
 class SkipGuard:

@@ -25,7 +25,7 @@ from detectors.holds import Call, Hold, HoldError, HoldIndex, Scope, hold_from
 from detectors.model import NS, Step, denials
 from streams.errors import BrokerError
 
-log = logging.getLogger("loopwatch.holds")
+log = logging.getLogger(__name__)
 MAX_HOLDS = 10_000  # kept in memory, active or not (the oldest released go first)
 
 

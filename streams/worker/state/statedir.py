@@ -23,7 +23,7 @@ from pathlib import Path
 
 from detectors.errors import LoopwatchError
 
-log = logging.getLogger("loopwatch.worker")
+log = logging.getLogger(__name__)
 
 PROBE_NAME = ".loopwatch-write-probe"
 
