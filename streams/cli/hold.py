@@ -8,22 +8,20 @@ import argparse
 import getpass
 import os
 import urllib.error
-from datetime import UTC, datetime
 from typing import Any
 
 from detectors.errors import LoopwatchError
 from detectors.holds import SCOPE_FIELDS, HoldError, parse_duration, scope_from
-from streams.cli.query import ApiClient, _base_url
+from streams.cli.client import ApiClient, base_url
+from streams.cli.render import utc
 
 
 def _client(args: argparse.Namespace) -> ApiClient:
-    return ApiClient(_base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), args.timeout)
+    return ApiClient(base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), args.timeout)
 
 
 def _when(ns: Any) -> str:
-    if not isinstance(ns, int):
-        return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return utc(ns, "%Y-%m-%d %H:%M:%SZ")
 
 
 def _call(client: ApiClient, method: str, path: str, **kw: Any) -> Any:

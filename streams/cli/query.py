@@ -16,24 +16,21 @@ request; every failure is one LoopwatchError line.
 from __future__ import annotations
 
 import argparse
-import http.client
-import ipaddress
 import json
 import os
 import re
-import socket
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from detectors.errors import LoopwatchError
 from streams.cli import query_holds, query_versions
-from streams.cli.render import Block, table, write
+from streams.cli.client import DEFAULT_API, ApiClient, base_url
+from streams.cli.render import Block, covered, table, utc, write
 from streams.worker.api import params as api_params
 
 __all__ = [
@@ -47,7 +44,6 @@ __all__ = [
     "render_runs",
 ]
 
-DEFAULT_API = "http://127.0.0.1:6066"
 DIGEST_CHARS = 12  # fingerprints/digests are shortened in tables (--json has them whole)
 MAX_CELL = 60
 
@@ -71,173 +67,12 @@ FINDING_COLUMNS = (
 
 def parse_since(text: str) -> str:
     """`--since` (streams/worker/api/params.py: the API's rule) -> its canonical text."""
-    try:
-        return api_params.parse_since(text)[0]
-    except api_params.ParamError as exc:
-        raise LoopwatchError(exc.named("--since")) from None
+    return api_params.checked(api_params.parse_since, text, "--since", LoopwatchError)[0]
 
 
 def parse_by(text: str) -> list[str]:
     """`--by` (streams/worker/api/params.py: the API's rule) -> the labels."""
-    try:
-        return api_params.parse_by(text)
-    except api_params.ParamError as exc:
-        raise LoopwatchError(exc.named("--by")) from None
-
-
-def _base_url(arg: str | None) -> str:
-    url = (arg or os.environ.get("LOOPWATCH_API") or DEFAULT_API).strip().rstrip("/")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise LoopwatchError(f"on-call API URL {url!r}: expected http://HOST:PORT or https://...")
-    try:
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
-        raise LoopwatchError(f"on-call API URL {url!r}: invalid port") from None
-    return url
-
-
-# ---------------------------------------------------------------------------------------
-# HTTP
-# ---------------------------------------------------------------------------------------
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Never follow a redirect: the bearer token must not travel to another address."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _server_message(body: bytes, fallback: str) -> str:
-    """The error text of an error response: {"error": ...} / {"message": ...} / plain text."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        for key in ("error", "message", "detail"):
-            value = doc.get(key)
-            if isinstance(value, dict):
-                value = value.get("message")
-            if isinstance(value, str) and value.strip():
-                return value.strip()
-    first = text.splitlines()[0].strip() if text else ""
-    if first and not first.startswith("<"):
-        return first[:200]
-    return fallback
-
-
-class ApiClient:
-    """GET JSON from the on-call API; every failure is a LoopwatchError with one clear line."""
-
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 10.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.token = token or None
-        self.timeout = timeout
-        host = urllib.parse.urlsplit(self.base_url).hostname or ""
-        proxies = urllib.request.ProxyHandler({} if _is_loopback(host) else None)
-        self.opener = urllib.request.build_opener(proxies, _NoRedirect())
-
-    def unreachable(self, why: str | None = None) -> LoopwatchError:
-        detail = f" ({why})" if why else ""
-        return LoopwatchError(
-            f"cannot reach the on-call API at {self.base_url}{detail}: "
-            "is `loopwatch worker` running?"
-        )
-
-    def get(self, path: str, params: Mapping[str, str] | None = None) -> tuple[int, bytes, Any]:
-        """(status, body, parsed JSON) of a 2xx answer. HTTPError is raised for 4xx/5xx so
-        the caller can map a 404; everything else becomes a LoopwatchError here."""
-        return self.send("GET", path, params)
-
-    def send(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str] | None = None,
-        body: Any = None,
-    ) -> tuple[int, bytes, Any]:
-        """`get` for any method; `body` is sent as JSON."""
-        url = self.base_url + path
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        headers = {"Accept": "application/json", "User-Agent": "loopwatch-query"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(url, data=data, headers=headers, method=method)
-        try:
-            with self.opener.open(request, timeout=self.timeout) as response:
-                status = response.status
-                body = response.read()
-        except urllib.error.HTTPError:
-            raise
-        except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, ConnectionRefusedError):
-                raise self.unreachable() from None
-            if isinstance(reason, TimeoutError):
-                raise self.unreachable(f"no answer within {self.timeout:g} s") from None
-            if isinstance(reason, socket.gaierror):
-                raise self.unreachable("unknown host") from None
-            raise self.unreachable(getattr(reason, "strerror", None) or str(reason)) from None
-        except ConnectionRefusedError:
-            raise self.unreachable() from None
-        except TimeoutError:
-            raise self.unreachable(f"no answer within {self.timeout:g} s") from None
-        except (OSError, http.client.HTTPException) as exc:  # reset, disconnected, bad status
-            raise self.unreachable(type(exc).__name__) from None
-        if status >= 300:  # a redirect we refused to follow
-            raise LoopwatchError(
-                f"the on-call API at {self.base_url} answered {path} with HTTP {status} "
-                "(redirects are not followed: check --url)"
-            )
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise LoopwatchError(
-                f"the on-call API at {self.base_url} answered {path} with invalid JSON"
-            ) from None
-        return status, body, doc
-
-    def http_error(self, exc: urllib.error.HTTPError, path: str) -> LoopwatchError:
-        try:
-            body = exc.read()
-        except OSError:
-            body = b""
-        message = _server_message(body, exc.reason if isinstance(exc.reason, str) else "")
-        code = exc.code
-        if code in (401, 403):
-            hint = (
-                "LOOPWATCH_API_TOKEN was sent and refused"
-                if self.token
-                else "set LOOPWATCH_API_TOKEN"
-            )
-            return LoopwatchError(
-                f"the on-call API refused {path}: {message} (HTTP {code}; {hint})"
-            )
-        if 400 <= code < 500:
-            return LoopwatchError(
-                f"{message} (HTTP {code})" if message else f"HTTP {code} on {path}"
-            )
-        return LoopwatchError(
-            f"the on-call API at {self.base_url} failed on {path}: "
-            f"{message or 'server error'} (HTTP {code})"
-        )
+    return api_params.checked(api_params.parse_by, text, "--by", LoopwatchError)
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,18 +118,6 @@ def _rows(doc: Any, what: str) -> list[dict[str, Any]]:
     return rows
 
 
-def covered(doc: Any, asked: str, where: Mapping[str, str] | None = None) -> str:
-    """The window an answer really covers, and why when it is less than was asked; then
-    the label filters it was asked with."""
-    text = asked
-    covers, kept = doc.get("covers"), doc.get("kept")
-    if isinstance(covers, str) and covers != asked and isinstance(kept, str):
-        text = f"{covers} (asked for {asked}; the counters keep {kept})"
-    if where:
-        text += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
-    return text
-
-
 FILTER_FLAGS = {
     "shape": "--shape",
     "prompt_version": "--prompt-version",
@@ -307,15 +130,14 @@ FILTER_FLAGS = {
 
 def parse_where(args: argparse.Namespace) -> dict[str, str]:
     """The label filters given (`--shape`, `--prompt-version`, `--tool`, `--tool-version`)."""
-    where = {}
-    for label, flag in FILTER_FLAGS.items():
-        value = getattr(args, f"where_{label}", None)
-        if value is not None:
-            try:
-                where[label] = api_params.parse_filter(label, value)
-            except api_params.ParamError as exc:
-                raise LoopwatchError(exc.named(flag)) from None
-    return where
+    given = {label: getattr(args, f"where_{label}", None) for label in FILTER_FLAGS}
+    return {
+        label: api_params.checked(
+            api_params.filter_of(label), value, FILTER_FLAGS[label], LoopwatchError
+        )
+        for label, value in given.items()
+        if value is not None
+    }
 
 
 def render_loops(
@@ -338,8 +160,8 @@ def render_loops(
         if spread:
             row += [
                 _cell(r.get("looping_runs")),
-                _utc(r.get("first_ns")),
-                _utc(r.get("last_ns")),
+                utc(r.get("first_ns")),
+                utc(r.get("last_ns")),
             ]
         cells.append(row)
     total = sum(_count(r.get("events")) for r in rows)
@@ -390,7 +212,7 @@ def render_episodes(doc: Any, since: str, where: Mapping[str, str]) -> list[Bloc
             tool += f"@{r['tool_version']}"
         cells.append(
             [
-                _utc(r.get("detected_ns")),
+                utc(r.get("detected_ns")),
                 str(r.get("run_id", "-"))[:width],
                 _cell(r.get("shape")),
                 tool,
@@ -408,13 +230,6 @@ def render_episodes(doc: Any, since: str, where: Mapping[str, str]) -> list[Bloc
         f"run{'s' if runs != 1 else ''} in the last {window}; `loopwatch query run RUN` "
         "shows one",
     ]
-
-
-def _utc(ns: Any, fmt: str = "%m-%d %H:%M:%S") -> str:
-    """A time the API gives in ns since the epoch, in UTC; '-' for none."""
-    if not isinstance(ns, int) or ns <= 0:
-        return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime(fmt)
 
 
 RUN_COLUMNS = ("prompt_version", "outcome", "termination_reason")
@@ -536,7 +351,7 @@ def render_side_effects(doc: dict[str, Any]) -> list[Block]:
     calls = [c for c in doc.get("side_effects") or [] if isinstance(c, dict)]
     if not calls:
         return []
-    rows = [{**c, "at": _utc(c.get("end_ns"), "%H:%M:%S")} for c in calls]
+    rows = [{**c, "at": utc(c.get("end_ns"), "%H:%M:%S")} for c in calls]
     committed = sum(1 for c in calls if c.get("committed_before_first_loop"))
     head = f"side effects ({len(calls)})"
     if committed:
@@ -545,7 +360,7 @@ def render_side_effects(doc: dict[str, Any]) -> list[Block]:
 
 
 def _kept_until(ns: Any) -> str:
-    when = _utc(ns, "%Y-%m-%d %H:%M UTC")
+    when = utc(ns, "%Y-%m-%d %H:%M UTC")
     return "" if when == "-" else f" (kept until {when})"
 
 
@@ -672,7 +487,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     timeout = float(getattr(args, "timeout", None) or 10.0)
     if timeout <= 0:
         raise LoopwatchError("--timeout must be positive")
-    client = ApiClient(_base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), timeout)
+    client = ApiClient(base_url(args.url), os.environ.get("LOOPWATCH_API_TOKEN"), timeout)
     if what == "holds":
         seconds = api_params.parse_since(since)[1]
         try:

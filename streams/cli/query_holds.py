@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 from detectors.holds import DENIED, EXECUTED, HOLD_MEASURES, RUNS
 from detectors.model import NS
-from streams.cli.render import Block, table, write
+from streams.cli.render import Block, table, utc, write
 
 DEFAULT_SINCE = "24h"  # the counters keep a day (the policy's default longest hold)
 COLUMNS = ("hold", "status", "matches", "denied", "runs", "still ran", "placed by", "expires")
@@ -71,12 +70,6 @@ def _row(hold: dict[str, Any], n: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _when(ns: Any) -> str:
-    if not isinstance(ns, int) or ns <= 0:
-        return "-"
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%m-%d %H:%M:%S")
-
-
 def render(rows: list[dict[str, Any]], covers: str) -> list[Block]:
     if not rows:
         return [f"no holds active or ended in the last {covers} (loopwatch hold add)"]
@@ -89,7 +82,7 @@ def render(rows: list[dict[str, Any]], covers: str) -> list[Block]:
             f"{r[RUNS]:,}",
             f"{r[EXECUTED]:,}",
             str(r.get("by") or "-"),
-            _when(r.get("released_ns") or r.get("expires_ns")),
+            utc(r.get("released_ns") or r.get("expires_ns")),
         ]
         for r in rows
     ]

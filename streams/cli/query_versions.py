@@ -15,7 +15,7 @@ from typing import Any
 from detectors.compare import BETTER, OVERALL, SAME, TOO_FEW, WORSE
 from detectors.errors import LoopwatchError
 from streams.cli.comparison import comparison_blocks
-from streams.cli.render import Block, table, write
+from streams.cli.render import Block, covered, table, utc, write
 from streams.worker.api.versions import DEFAULT_COMPARE_SINCE, DEFAULT_VERSIONS_SINCE
 
 VERSION_COLUMNS = (
@@ -73,8 +73,6 @@ def request(
 
 
 def _utc(ns: Any) -> str:
-    from streams.cli.query import _utc as utc
-
     return utc(ns, "%Y-%m-%d %H:%M")
 
 
@@ -145,8 +143,6 @@ def render_compare(doc: Any, since: str) -> list[Block]:
         raise LoopwatchError(
             "unexpected answer from the on-call API for compare: no rows, baseline, candidate"
         )
-    from streams.cli.query import covered
-
     base, cand = doc["baseline"], doc["candidate"]
     what = (
         "prompt_version" if doc.get("kind") == "prompt" else f"{doc.get('tool_name')} tool_version"

@@ -6,8 +6,9 @@ cell holding ``[bold]`` prints as written."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Sequence
-from typing import IO
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import IO, Any
 
 from rich.console import Console, RenderableType
 from rich.padding import Padding
@@ -26,6 +27,25 @@ PIPED_WIDTH = 100_000  # piped output: lines are never cut or wrapped
 
 
 Block = str | RenderableType
+
+
+def utc(ns: Any, fmt: str = "%m-%d %H:%M:%S") -> str:
+    """A time the API gives in ns since the epoch, in UTC; '-' for none."""
+    if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime(fmt)
+
+
+def covered(doc: Any, asked: str, where: Mapping[str, str] | None = None) -> str:
+    """The window an answer really covers, and why when it is less than was asked; then
+    the label filters it was asked with."""
+    text = asked
+    covers, kept = doc.get("covers"), doc.get("kept")
+    if isinstance(covers, str) and covers != asked and isinstance(kept, str):
+        text = f"{covers} (asked for {asked}; the counters keep {kept})"
+    if where:
+        text += " where " + ", ".join(f"{k}={v}" for k, v in where.items())
+    return text
 
 
 def console(stream: IO[str]) -> Console:

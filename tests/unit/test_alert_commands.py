@@ -100,7 +100,7 @@ def test_the_contain_annotation_places_the_alerts_hold(
 ) -> None:
     """Issue 38: `contain` is `loopwatch hold add` with the alert's labels: it parses, passes
     the hold checks, and asks the API for a hold scoped by those labels."""
-    from streams.cli.query import ApiClient
+    from streams.cli.client import ApiClient
 
     argv = shlex.split(render(rule["annotations"]["contain"]))
     assert argv[:3] == ["loopwatch", "hold", "add"]

@@ -32,10 +32,8 @@ class PeerError(RuntimeError):
 def parse_since(text: str | None) -> tuple[str, int]:
     """`since=` (streams/worker/api/params.py; default 1h) -> (its text, seconds). The windowed
     counters keep 24 h, so a longer window covers what is kept."""
-    try:
-        return api_params.parse_since(text if text is not None else DEFAULT_SINCE)
-    except api_params.ParamError as exc:
-        raise BadRequest(exc.named("since")) from None
+    since = text if text is not None else DEFAULT_SINCE
+    return api_params.checked(api_params.parse_since, since, "since", BadRequest)
 
 
 def window(since: str, seconds: int, kept_seconds: int) -> tuple[dict[str, str], int]:
@@ -54,23 +52,17 @@ def parse_by(text: str | None) -> list[str]:
     """`by=` (streams/worker/api/params.py; default every label of /loops)."""
     if text is None:
         return list(DEFAULT_LOOP_BY)
-    try:
-        return api_params.parse_by(text)
-    except api_params.ParamError as exc:
-        raise BadRequest(exc.named("by")) from None
+    return api_params.checked(api_params.parse_by, text, "by", BadRequest)
 
 
 def parse_filters(query: Mapping[str, str]) -> dict[str, str]:
     """The label filters of GET /loops (`shape=`, `prompt_version=`, `tool_name=`,
     `tool_version=`)."""
-    filters = {}
-    for label in LOOP_LABELS:
-        if label in query:
-            try:
-                filters[label] = api_params.parse_filter(label, query[label])
-            except api_params.ParamError as exc:
-                raise BadRequest(exc.named(label)) from None
-    return filters
+    return {
+        label: api_params.checked(api_params.filter_of(label), query[label], label, BadRequest)
+        for label in LOOP_LABELS
+        if label in query
+    }
 
 
 def label_matches(value: Any, want: str) -> bool:

@@ -9,6 +9,10 @@ it, so each end names it its own way with the same rule behind it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # /loops labels, in the order of the counts' keys
 LOOP_LABELS = ("shape", "prompt_version", "tool_name", "tool_version", "service_name", "agent_name")
@@ -26,6 +30,16 @@ class ParamError(ValueError):
 
     def named(self, name: str) -> str:
         return str(self).replace("{name}", name)
+
+
+def checked(parse: Callable[[str], T], text: str, name: str, error: type[Exception]) -> T:
+    """`parse(text)`, a ParamError raised as `error` with `name` in its message: the API's
+    HTTP 400 (`BadRequest`, `since`) or the command line's one-line error
+    (`LoopwatchError`, `--since`). One rule, every caller."""
+    try:
+        return parse(text)
+    except ParamError as exc:
+        raise error(exc.named(name)) from None
 
 
 def parse_since(text: str) -> tuple[str, int]:
@@ -70,6 +84,11 @@ def parse_filter(label: str, text: str) -> str:
     if label == "shape" and value not in SHAPES:
         raise ParamError(f"{{name}}: unknown shape {value!r}; shapes: {', '.join(SHAPES)}")
     return value
+
+
+def filter_of(label: str) -> Callable[[str], str]:
+    """`parse_filter` of one label, for `checked`."""
+    return lambda text: parse_filter(label, text)
 
 
 def parse_by(text: str, labels: tuple[str, ...] = LOOP_LABELS) -> list[str]:

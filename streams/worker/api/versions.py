@@ -61,10 +61,7 @@ class CompareAsk:
 def _value(query: Mapping[str, str], name: str) -> str | None:
     if name not in query:
         return None
-    try:
-        return api_params.parse_filter(name, query[name])
-    except api_params.ParamError as exc:
-        raise BadRequest(exc.named(name)) from None
+    return api_params.checked(api_params.filter_of(name), query[name], name, BadRequest)
 
 
 def parse_compare(query: Mapping[str, str]) -> CompareAsk:
