@@ -7,11 +7,14 @@ pipeline."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from typing import Any
 
 from streams.worker.agents.messages import to_json
 from streams.worker.kafka.delivery import Outgoing, Publisher, Sent
+
+log = logging.getLogger(__name__)
 
 _TRACE_ID_KEY = re.compile(rb"[0-9a-f]{32}")
 
@@ -76,6 +79,20 @@ class DeadLetters:
         self.metrics = metrics
         self.counters = counters
         self.capture_payload = capture_payload
+
+    async def internal_error(self, message: Any, exc: Exception, where: str) -> Sent:
+        """A record `where` (an agent) failed on with an unexpected error: logged with its
+        traceback, and dead-lettered as ``internal_error`` with the exception's name (never
+        its message, which may quote the record)."""
+        log.error(
+            "%s: unexpected error on %s/%s@%s; the record is dead-lettered",
+            where,
+            message.topic,
+            message.partition,
+            message.offset,
+            exc_info=exc,
+        )
+        return await self.send(message, "internal_error", type(exc).__name__)
 
     async def send(self, message: Any, reason: str, error: str) -> Sent:
         """Send a dead letter for `message`; returns it as Publisher.send does. With the

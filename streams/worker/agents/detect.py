@@ -154,28 +154,16 @@ class Detect:
         refetched: list[Any] = []  # acknowledged with the batch, once it is done
         for event in events:
             message = event.message
-            records = [message]
-            skipped = self.skips.skipped_before(message)
-            if skipped is not None:
-                # Records the stream skipped go first, attributed to this event: same
-                # partition, so the table writes land where they belong. A failed read
-                # raises: the batch, and the record that revealed the gap, stay unacked.
-                read_back = await self.skips.refetch(*skipped, message)
-                refetched += read_back
-                records[:0] = [e.message for e in read_back]
-            for record in records:
+            # Records the stream skipped go first, attributed to this event: same partition,
+            # so the table writes land where they belong. A failed read raises: the batch,
+            # and the record that revealed the gap, stay unacked.
+            read_back = await self.skips.read_back(message)
+            refetched += read_back
+            for record in [*(e.message for e in read_back), message]:
                 try:
                     await self._collect(record, event, record is message, groups, ticks, dead)
                 except Exception as exc:
-                    log.exception(
-                        "detect: unreadable message %s/%s@%s",
-                        record.topic,
-                        record.partition,
-                        record.offset,
-                    )
-                    dead.append(
-                        await self.dead_letters.send(record, "internal_error", type(exc).__name__)
-                    )
+                    dead.append(await self.dead_letters.internal_error(record, exc, "detect"))
         partition_event: dict[int, Any] = {}
         outputs = await self._detect(groups, ticks, partition_event, dead)
         # outputs, acknowledged by the broker before the state that fired them
@@ -257,13 +245,9 @@ class Detect:
                     self.tables.episodes,
                 )
             except Exception as exc:
-                log.exception("detect: run %s failed; its message(s) are dead-lettered", run_id)
                 for ev, _, _ in items:
-                    dead.append(
-                        await self.dead_letters.send(
-                            ev.message, "internal_error", type(exc).__name__
-                        )
-                    )
+                    what = f"detect (run {run_id})"
+                    dead.append(await self.dead_letters.internal_error(ev.message, exc, what))
                 continue
             outputs.append((partition, out))
             partition_event[partition] = items[-1][0]

@@ -68,10 +68,7 @@ class Ingest:
         """Ingest one streamed input record, after any records the stream skipped before it
         (read back from the broker). Returns each record ingested, the read-back ones first
         and `event` last, with what it sent."""
-        records = []
-        skipped = self.skips.skipped_before(event.message)
-        if skipped is not None:
-            records = await self.skips.refetch(*skipped, event.message)
+        records = await self.skips.read_back(event.message)
         records.append(event)
         return [(record, await self.record(record)) for record in records]
 
@@ -115,13 +112,7 @@ class Ingest:
             by_run, n_spans, _invalid = decoded
             outgoing = self._messages(by_run, message.timestamp)
         except Exception as exc:  # never crash the agent on input
-            log.exception(
-                "ingest: unexpected error on %s/%s@%s",
-                message.topic,
-                message.partition,
-                message.offset,
-            )
-            sent.append(await self.dead_letters.send(message, "internal_error", type(exc).__name__))
+            sent.append(await self.dead_letters.internal_error(message, exc, "ingest"))
             return sent
         for out in outgoing:
             sent.append(await self.publisher.send(out))

@@ -66,6 +66,13 @@ class SkipGuard:
             committed if isinstance(committed, int) else None,
         )
 
+    async def read_back(self, message: Any) -> list[Any]:
+        """The records the stream skipped before `message` (its partition's), read back from
+        the broker as events, in offset order; none when nothing was skipped. Raises as
+        `refetch` does."""
+        skipped = self.skipped_before(message)
+        return [] if skipped is None else await self.refetch(*skipped, message)
+
     async def refetch(self, first: int, end: int, revealed_by: Any) -> list[Any]:
         """Offsets [first, end) of the topic partition of `revealed_by`, read back from the
         broker. A failed read raises: the record that revealed the gap is then not
