@@ -18,7 +18,7 @@ from detectors.model import Step
 from detectors.policy import Policy
 from detectors.state import RunState
 from streams.errors import InputError
-from streams.runloop.loop import MemoryStore, RunLoop
+from streams.runloop.loop import MemoryStore, RunLoop, loops_counted
 from streams.spanpath import SpanPath, StepBatch
 from streams.spanpath.otlp import OTLP_PROTO
 from streams.spanpath.spans import SpanRecord
@@ -79,8 +79,8 @@ class Tally:
         stats = self.stats
         stats.events += 1
         stats.loops_by_shape[event["shape"]] += 1
-        if not event["labels_pending"]:  # else counted with the run's summary
-            _count(stats.loops_by_prompt, event["prompt_version"] or "unknown")
+        for _ev, run in loops_counted([event], []):
+            _count(stats.loops_by_prompt, run["prompt_version"] or "unknown")
         if event["tool_name"]:
             _count(stats.loops_by_tool, f"{event['tool_name']}@{event['tool_version'] or '-'}")
         self.on_event(event)
@@ -90,8 +90,8 @@ class Tally:
         stats.runs_finished += 1
         stats.runs_by_outcome[summary["outcome"]] += 1
         _count(stats.runs_by_prompt, summary["prompt_version"] or "unknown")
-        for _ in summary["deferred_events"]:  # their run's final slice
-            _count(stats.loops_by_prompt, summary["prompt_version"] or "unknown")
+        for _ev, run in loops_counted([], [summary]):
+            _count(stats.loops_by_prompt, run["prompt_version"] or "unknown")
         if summary["shapes"]:
             stats.looping_runs += 1
         if self.on_summary is not None:

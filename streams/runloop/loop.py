@@ -174,6 +174,18 @@ def labelled_event(finding: Finding, state: RunState, policy: Policy) -> dict[st
     return event
 
 
+def loops_counted(
+    events: list[dict[str, Any]], summaries: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The loop events a sink counts now, each with where its run-level labels come from:
+    an event under its own labels, unless they were pending when it fired; those are
+    counted with their run's summary, under its labels (the run's final slice). Every
+    driver's counting follows this one rule (the worker's counting.py, the replay's
+    engine.py)."""
+    now = [(event, event) for event in events if not event.get("labels_pending")]
+    return now + [(d, s) for s in summaries for d in s.get("deferred_events", ())]
+
+
 class RunLoop:
     """Per-run apply, release, deadline choice, finalization and event building over a
     `RunStore`. `release_timer`: schedule releases of buffered steps (the worker; the

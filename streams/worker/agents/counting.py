@@ -13,6 +13,7 @@ from typing import Any
 
 from detectors.holds import DENIED, EXECUTED, RUNS, HeldCall
 from detectors.versions import LOOPING, History, Seen, Slice, run_measures, seen_of, slices_of
+from streams.runloop.loop import loops_counted
 from streams.worker.agents.driver import Outputs
 from streams.worker.state import versions as version_records
 from streams.worker.state.store import COUNT_TABLES, Tables, Writes
@@ -64,14 +65,10 @@ class Counting:
                 writes.count("hold_counts", partition, label_key, cid)
 
         for partition, out in outputs:
-            for ev in out.events:
-                self.counters["events"] += 1
-                if not ev.get("labels_pending"):  # else with its run's summary, below
-                    count_loop(partition, ev, ev)
+            self.counters["events"] += len(out.events)
+            for ev, run in loops_counted(out.events, out.summaries):
+                count_loop(partition, ev, run)
             for summary in out.summaries:
-                # loops that fired before the run's labels were known: the final slice
-                for deferred in summary.get("deferred_events", ()):
-                    count_loop(partition, deferred, summary)
                 m.observe_run(summary)
                 labels = (
                     summary["prompt_version"],
