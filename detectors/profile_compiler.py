@@ -515,8 +515,3 @@ def _attribute_in(name: str, values: frozenset[str]) -> Matcher:
 def _name_contains(text: str) -> Matcher:
     return lambda f: text in f.name.lower()
 
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value if isinstance(value, str) else str(value)

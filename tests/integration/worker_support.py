@@ -1,5 +1,5 @@
-"""Support of the integration tests: `WorkerProc` (bench/worker_proc.py, shared with the
-bench) runs `loopwatch worker` as a subprocess against the real broker.
+"""Support of the integration tests: `WorkerProc` (tests/support/worker_proc.py, shared
+with the bench) runs `loopwatch worker` as a subprocess against the real broker.
 
 Also shared by the reliability tests (chaos, malformed stream, canary): the bench corpus as
 input (`rooted_corpus`), the replay oracle (`Oracle`), reading a whole topic

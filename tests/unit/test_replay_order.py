@@ -1,7 +1,7 @@
 """`loopwatch replay` gives the same events and run summaries for any order of the same
 spans (streams/replay/runs.py): across files and inside a file, any batching, any duplication,
 files of every format. The deliveries are made here from the repository's own corpora
-(tests/deliveries.py): the spans dealt into random batches in random order, about 30% of
+(tests/support/deliveries.py): the spans dealt into random batches in random order, about 30% of
 the batches sent again later, the batches dealt over several files.
 
 Before the replay held runs whole, a shuffled delivery of the examples lost 5-9 of their

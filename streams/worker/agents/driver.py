@@ -25,7 +25,7 @@ from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
 from streams.runloop.loop import Envelope, RunLoop
 from streams.worker.agents.messages import key_text
 from streams.worker.state import episodes as episode_records
-from streams.worker.state import retained as records
+from streams.worker.state import retained as retained_records
 from streams.worker.state.retained import Retention
 from streams.worker.state.store import Table, TableStore, Writes, decode_finished, decode_header
 
@@ -208,7 +208,7 @@ class RunDriver:
         self.store.bind(runs, finished, retained, episodes)
         self.loop.apply(partition, run_id, batches, now_ns, out)
         calls = (
-            records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
+            retained_records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
             if self.retention is not None and self.ledger_tools
             else []
         )
@@ -259,30 +259,30 @@ class RunDriver:
         for run_id in {**events, **summaries, **(calls or {})}:
             key = run_id.encode("utf-8")
             raw = store.load_retained(key)
-            body = records.decode(raw) if raw is not None else {}
+            body = retained_records.decode(raw) if raw is not None else {}
             if run_id in events:
-                for event in records.add_events(body, events[run_id], now_ns):
+                for event in retained_records.add_events(body, events[run_id], now_ns):
                     store.put_episode(
                         partition,
                         episode_records.key(event, now_ns),
                         episode_records.encode(event),
                     )
             if calls and run_id in calls:
-                records.add_calls(body, calls[run_id])
+                retained_records.add_calls(body, calls[run_id])
             summary = summaries.get(run_id)
             if summary is None:
                 # in flight: kept at least as long as a looping run; a call that came after
                 # the run finished (counted, not fed) keeps the finished record's times
                 expires, finished = now_ns + retention.looping_ns, 0
                 if raw is not None:
-                    kept_until, finished_ns, _p = records.header(raw)
+                    kept_until, finished_ns, _p = retained_records.header(raw)
                     if finished_ns:
                         expires, finished = kept_until, finished_ns
                 store.put_retained(
-                    partition, key, records.encode(body, partition, expires, finished)
+                    partition, key, retained_records.encode(body, partition, expires, finished)
                 )
                 continue
-            records.finish(body, summary, store.finishing.get(run_id))
+            retained_records.finish(body, summary, store.finishing.get(run_id))
             if summary.get("prompt_version") is not None:
                 # events that fired before the run's prompt_version was known: their
                 # episodes get it, so a slice's --runs lists them
@@ -300,7 +300,7 @@ class RunDriver:
                 store.put_retained(partition, key, None)
                 continue
             store.put_retained(
-                partition, key, records.encode(body, partition, now_ns + keep, now_ns)
+                partition, key, retained_records.encode(body, partition, now_ns + keep, now_ns)
             )
 
     def take_writes(self) -> Writes:

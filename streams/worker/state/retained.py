@@ -80,10 +80,6 @@ class Retention:
     def hours(cls, looping: float, clean: float) -> Retention:
         return cls(int(looping * 3600 * NS), int(clean * 3600 * NS))
 
-    @property
-    def longest_ns(self) -> int:
-        return max(self.looping_ns, self.clean_ns)
-
 
 def encode(body: dict[str, Any], partition: int, expires_ns: int, finished_ns: int) -> bytes:
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
