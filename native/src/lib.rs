@@ -30,7 +30,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/spanpath/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 10;
+const API: u32 = 11;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 

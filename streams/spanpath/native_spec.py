@@ -28,6 +28,7 @@ from streams.spanpath.limits import LIMIT_NAMES
 from streams.spanpath.normalize import TOOL_CALL_FINISH_REASONS
 from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
+from streams.spanpath.runkey import common_fields, run_keys
 from streams.spanpath.spans import StepBatch
 
 NATIVE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace"})
@@ -151,20 +152,15 @@ def _similarity(s: Similarity) -> dict[str, Any]:
 
 def spec(policy: Policy) -> str:
     """The policy as the native normalizer's JSON spec; raises Unsupported."""
-    run_key = policy.run_key
     conventions = policy.conventions
-    if run_key == "trace":
-        run_keys: list[str] | None = None
-    elif run_key == "conversation":
-        run_keys = list(conventions["conversation"])
-    else:
-        run_keys = [run_key]
+    keys = run_keys(policy)
     for name, contract in policy.tools.items():
         if contract.name != name:
             raise Unsupported(f"tools.{name}: contract named {contract.name!r}")
     data = {
         "step_fields": list(STEP_FIELDS),
-        "run_keys": run_keys,
+        "run_keys": list(keys) if keys is not None else None,
+        "common_fields": {name: list(k) for name, k in common_fields(policy).items()},
         "resource_prompt_version": list(conventions["resource_prompt_version"]),
         "resource_tool_version": list(conventions["resource_tool_version"]),
         "sequence": list(policy.sequence_attributes),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from detectors.contract import plan_fp
 from detectors.fingerprint import Fingerprinter
@@ -25,6 +25,7 @@ from streams.spanpath import fallback
 from streams.spanpath.calls import last_input_message, plan_calls, requested_calls
 from streams.spanpath.error_codes import ErrorCodes
 from streams.spanpath.limits import declared_limit
+from streams.spanpath.runkey import common_fields, run_keys
 from streams.spanpath.spans import STATUS_ERROR, SpanRecord
 from streams.spanpath.termination import denied_calls, termination_reason
 from streams.spanpath.values import (
@@ -128,6 +129,17 @@ def _derive(source: Source, facts: _Facts, args: Any) -> Any:
     return None
 
 
+class ResourceInfo(NamedTuple):
+    """What a span's steps take from its resource (native: `Res`, normalize/mod.rs)."""
+
+    resource: dict[str, Any]
+    service: str | None
+    prompt_version: str | None
+    tool_version: str | None
+    task_type: str | None
+    run_key: Any
+
+
 class Normalizer:
     """Maps decoded spans to Steps under one policy and one fingerprint key.
 
@@ -142,33 +154,16 @@ class Normalizer:
         c = policy.conventions
         self._resource_prompt_version = c["resource_prompt_version"]
         self._resource_tool_version = c["resource_tool_version"]
-        self._conversation = c["conversation"]
         self._sequence = policy.sequence_attributes
         self._task_attr = policy.task_type_attribute
-        run_key = policy.run_key
-        self._run_keys: tuple[str, ...] | None
-        if run_key == "trace":
-            self._run_keys = None
-        elif run_key == "conversation":
-            self._run_keys = self._conversation
-        else:
-            self._run_keys = (run_key,)
+        self._run_keys = run_keys(policy)
         self._profiles = policy.profiles
         self._errors = ErrorCodes(policy)
         self._calls = CallReducer(policy, fingerprinter)
         self._sketch = self._calls.sketch
         similarity = policy.similarity
         self._turn_sketches = similarity.enabled and similarity.model_turns
-        # Fields every profile reads the same way (policy settings, not conventions).
-        common: dict[str, tuple[str, ...]] = {
-            # OpenLLMetry copies LangChain metadata to traceloop.association.properties.<key>.
-            "sequence": self._sequence
-            + tuple("traceloop.association.properties." + key for key in self._sequence)
-        }
-        if self._task_attr is not None:
-            common["task_type"] = (self._task_attr,)
-        if self._run_keys is not None:
-            common["run_key"] = self._run_keys
+        common = common_fields(policy)  # fields every profile reads the same way
         # One pass over a span's attributes finds every field (first key wins), per
         # profile: attribute key -> [(field, rank)].
         self._keymaps: dict[str, dict[str, list[tuple[str, int]]]] = {}
@@ -178,7 +173,7 @@ class Normalizer:
                 for rank, key in enumerate(keys):
                     keymap.setdefault(key, []).append((name, rank))
             self._keymaps[profile.name] = keymap
-        self._resources: dict[int, tuple[Any, ...]] = {}
+        self._resources: dict[int, ResourceInfo] = {}
         self._plans: dict[tuple[str, tuple[str, ...]], tuple[Profile, _Plan]] = {}
         self._kinds: dict[tuple[Any, ...], tuple[str, str | None]] = {}
 
@@ -192,11 +187,11 @@ class Normalizer:
         """The recognition profile that reads this span."""
         return self._read(span)[0]
 
-    def _run_id(self, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...]) -> str:
+    def _run_id(self, span: SpanRecord, v: dict[str, Any], res: ResourceInfo) -> str:
         if self._run_keys is not None:
             value = v.get("run_key")
             if value is None:
-                value = res[5]
+                value = res.run_key
             if value is not None:
                 return ident(value)
         return span.trace_id
@@ -235,15 +230,15 @@ class Normalizer:
         self._plans[(scope, keys)] = (profile, plan)
         return profile, plan
 
-    def _resource(self, resource: dict[str, Any]) -> tuple[Any, ...]:
-        """(resource, service, prompt_version, tool_version, task_type, run key), cached:
-        every span of one ResourceSpans shares its resource dict."""
+    def _resource(self, resource: dict[str, Any]) -> ResourceInfo:
+        """What the steps take from the span's resource, cached: every span of one
+        ResourceSpans shares its resource dict."""
         cached = self._resources.get(id(resource))
-        if cached is not None and cached[0] is resource:
+        if cached is not None and cached.resource is resource:
             return cached
         if len(self._resources) > 4096:
             self._resources.clear()
-        info = (
+        info = ResourceInfo(
             resource,
             str_or_none(resource.get("service.name")),
             str_or_none(first(resource, self._resource_prompt_version)),
@@ -292,19 +287,21 @@ class Normalizer:
         step.status_error = span.status_code == STATUS_ERROR
         if span.events:
             step.denied_calls = denied_calls(span)
-        step.service_name = res[1]
+        step.service_name = res.service
         derived = profile.derived
         prompt_version = v.get("prompt_version")
         if prompt_version is None and "prompt_version" in derived:
             prompt_version = self._field(profile, "prompt_version", facts)
-        step.prompt_version = ident(prompt_version) if prompt_version is not None else res[2]
+        step.prompt_version = (
+            ident(prompt_version) if prompt_version is not None else res.prompt_version
+        )
         agent = v.get("agent_name")
         if agent is None and "agent_name" in derived:
             agent = self._field(profile, "agent_name", facts)
         step.agent_name = str_or_none(agent)
         step.session_id = str_or_none(v.get("conversation"))
         task_type = v.get("task_type")
-        step.task_type = ident(task_type) if task_type is not None else res[4]
+        step.task_type = ident(task_type) if task_type is not None else res.task_type
         if "input_tokens" in v:
             step.input_tokens = as_count(v["input_tokens"])
         if "output_tokens" in v:
@@ -402,14 +399,14 @@ class Normalizer:
     # ------------------------------------------------------------------ tools
 
     def _fill_tool(
-        self, step: Step, span: SpanRecord, v: dict[str, Any], res: tuple[Any, ...], facts: _Facts
+        self, step: Step, span: SpanRecord, v: dict[str, Any], res: ResourceInfo, facts: _Facts
     ) -> None:
         tool = facts.tool_name()
         contract = self.policy.tools.get(tool)
         step.name = tool
         step.call_id = str_or_none(v.get("call_id"))
         tool_version = v.get("tool_version")
-        step.tool_version = ident(tool_version) if tool_version is not None else res[3]
+        step.tool_version = ident(tool_version) if tool_version is not None else res.tool_version
         profile = facts.profile
         raw_args = self._field(profile, "arguments", facts)
         wrapped = as_json(raw_args) if raw_args is not None else {}

@@ -29,23 +29,18 @@ impl SpanPath {
         let run_keys = opt_strs("run_keys")?;
         let task_attr = s_opt_str(&root, "task_attr").map_err(ve)?;
         let sequence = strs("sequence")?;
-        let mut common: Vec<(usize, Vec<String>)> = vec![(
-            F_SEQUENCE,
-            sequence
-                .iter()
-                .cloned()
-                .chain(
-                    sequence
-                        .iter()
-                        .map(|k| format!("traceloop.association.properties.{}", k)),
-                )
-                .collect(),
-        )];
-        if let Some(t) = &task_attr {
-            common.push((F_TASK_TYPE, vec![t.clone()]));
-        }
-        if let Some(k) = &run_keys {
-            common.push((F_RUN_KEY, k.clone()));
+        // the fields every profile reads the same way, keys in rank order
+        // (streams/spanpath/runkey.py `common_fields`: the rule is written there only)
+        let mut common: Vec<(usize, Vec<String>)> = Vec::new();
+        for (name, keys) in sget(&root, "common_fields")
+            .map_err(ve)?
+            .dict()
+            .ok_or_else(|| ve("spec: common_fields is not a mapping"))?
+        {
+            common.push((
+                field_index(name).map_err(ve)?,
+                s_strs(keys, "common_fields").map_err(ve)?,
+            ));
         }
         let mut profiles = Vec::new();
         for p in s_list(sget(&root, "profiles").map_err(ve)?, "profiles").map_err(ve)? {
