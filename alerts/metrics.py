@@ -22,7 +22,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -441,7 +441,7 @@ class Metrics:
         # touched, so that "0 looping runs" is a sample, not an absence
         self.version_looping_runs.labels(**named).inc(1 if looping else 0)
 
-    def set_version_history(self, rows: list[Mapping[str, Any]]) -> None:
+    def set_version_history(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Replace version_info by `rows` (detectors.versions.History.rows())."""
         self.version_info.clear()
         for row in rows:

@@ -32,7 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detectors.policy import Policy
 from streams.spanpath import native
@@ -45,6 +45,7 @@ from streams.worker.agents.decode import InputDecoder
 from streams.worker.agents.detect import Detect
 from streams.worker.agents.driver import RunDriver
 from streams.worker.agents.ingest import Ingest
+from streams.worker.agents.parts import Parts
 from streams.worker.agents.timers import Timers
 from streams.worker.kafka.broker import BrokerLink, MetadataProbe
 from streams.worker.kafka.delivery import Publisher
@@ -52,6 +53,10 @@ from streams.worker.kafka.input_clock import InputClock, KafkaInputProbe
 from streams.worker.kafka.skips import SkipGuard
 from streams.worker.state.statedir import writable
 from streams.worker.state.store import Tables
+
+if TYPE_CHECKING:
+    from alerts.metrics import Metrics
+    from streams.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +88,10 @@ class Worker:
 
     def __init__(
         self,
-        settings: Any,
+        settings: WorkerSettings,
         policy: Policy,
         normalizer: Normalizer,
-        metrics: Any,
+        metrics: Metrics,
         detect_partitions: int,
         *,
         tables: Tables,
@@ -152,51 +157,36 @@ class Worker:
         self.reader = InputDecoder(
             normalizer, s.input_encoding, self.dead_letters, metrics, self.counters
         )
-        self.ingest = Ingest(
-            self.reader,
-            self.skips,
-            self.publisher,
-            self.dead_letters,
-            self.clock,
-            topics["steps"],
-            detect_partitions,
-            s.steps_grouping,
+        self.parts = parts = Parts(
+            metrics,
             self.counters,
-        )
-        self.timers = Timers(
+            tables,
             self.driver,
             self.clock,
             self.publisher,
-            topics["steps"],
-            metrics,
+            self.dead_letters,
+            self.skips,
+            self.reader,
+            topics,
+        )
+        self.ingest = Ingest(parts, detect_partitions, s.steps_grouping)
+        self.timers = Timers(
+            parts,
             ready=lambda: self.ready,
             assigned=assigned,
             lag_sources={s.input_topic, s.steps_topic},
         )
         self.counting = Counting(metrics, self.counters, tables)
         checkpoint = Checkpoint(
-            self.driver,
-            tables,
+            parts,
             self.counting,
-            self.skips,
-            self.publisher,
             flush_producer=flush_producer or nothing_to_flush,
             flush_seconds=s.state_flush_ms / 1000,
         )
         self.detect = Detect(
-            self.driver,
-            tables,
-            self.reader,
-            self.skips,
-            self.publisher,
-            self.dead_letters,
-            self.clock,
+            parts,
             checkpoint,
             self.counting,
-            topics["events"],
-            topics["runs"],
-            metrics,
-            self.counters,
             keyed_input_topic=s.input_topic if self.keyed else None,
             on_tick=self.timers.tick_handled,
             on_state_error=self.state_write_failed,

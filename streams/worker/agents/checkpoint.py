@@ -29,10 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streams.worker.agents.counting import Counting
-from streams.worker.agents.driver import RunDriver
-from streams.worker.kafka.delivery import Publisher
-from streams.worker.kafka.skips import SkipGuard
-from streams.worker.state.store import Tables
+from streams.worker.agents.parts import Parts
 
 
 class StateWriteError(Exception):
@@ -51,21 +48,18 @@ async def nothing_to_flush() -> None:
 class Checkpoint:
     def __init__(
         self,
-        driver: RunDriver,
-        tables: Tables,
+        parts: Parts,
         counting: Counting,
-        skips: SkipGuard,
-        publisher: Publisher,
         *,
         flush_producer: Callable[[], Awaitable[None]] = nothing_to_flush,
         flush_seconds: float = 0.0,
         flush_max_runs: int = 10_000,
     ) -> None:
-        self.driver = driver
-        self.tables = tables
+        self.driver = parts.driver
+        self.tables = parts.tables
         self.counting = counting
-        self.skips = skips
-        self.publisher = publisher
+        self.skips = parts.skips
+        self.publisher = parts.publisher
         self.flush_producer = flush_producer  # until every table write sent is in its log
         self.flush_seconds = flush_seconds  # 0: every batch
         self.flush_max_runs = flush_max_runs  # ... or when this many runs have staged writes

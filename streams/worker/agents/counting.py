@@ -9,7 +9,7 @@ count records refuse them (streams/worker/state/window_keys.py `added_once`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detectors.holds import DENIED, EXECUTED, RUNS, HeldCall
 from detectors.versions import LOOPING, History, Seen, Slice, run_measures, seen_of, slices_of
@@ -19,11 +19,14 @@ from streams.worker.state import versions as version_records
 from streams.worker.state.store import COUNT_TABLES, Tables, Writes
 from streams.worker.state.window_keys import added_once, aggregate_key, contribution_id, last_ids
 
+if TYPE_CHECKING:
+    from alerts.metrics import Metrics
+
 VERSION_INFO_LATEST = 5  # versions per service, agent and tool in loopwatch_version_info
 
 
 class Counting:
-    def __init__(self, metrics: Any, counters: dict[str, int], tables: Tables) -> None:
+    def __init__(self, metrics: Metrics, counters: dict[str, int], tables: Tables) -> None:
         self.metrics = metrics
         self.counters = counters
         self.tables = tables

@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.worker.agents.messages import to_json
 from streams.worker.kafka.delivery import Outgoing, Publisher, Sent
+
+if TYPE_CHECKING:
+    from alerts.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ class DeadLetters:
         self,
         topic: Any,
         publisher: Publisher,
-        metrics: Any,
+        metrics: Metrics,
         counters: dict[str, int],
         capture_payload: bool,
     ) -> None:

@@ -5,7 +5,7 @@ input) and by the detect agent (keyed input). An undecodable record becomes a de
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detectors.model import Step
 from streams.errors import DecodeError
@@ -13,6 +13,9 @@ from streams.spanpath import SpanPath
 from streams.spanpath.normalize import Normalizer
 from streams.worker.agents.dead_letters import DeadLetters
 from streams.worker.kafka.delivery import Sent
+
+if TYPE_CHECKING:
+    from alerts.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ class InputDecoder:
         normalizer: Normalizer,
         encoding: str,
         dead_letters: DeadLetters,
-        metrics: Any,
+        metrics: Metrics,
         counters: dict[str, int],
     ) -> None:
         self.normalizer = normalizer

@@ -22,15 +22,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detectors.model import Step
 from streams.worker.agents.checkpoint import Checkpoint, StateWriteError
 from streams.worker.agents.counting import Counting
-from streams.worker.agents.dead_letters import DeadLetters
-from streams.worker.agents.deadline_clock import DeadlineClock
-from streams.worker.agents.decode import InputDecoder
-from streams.worker.agents.driver import Outputs, RunDriver
+from streams.worker.agents.driver import Outputs
 from streams.worker.agents.messages import (
     TICK_VALUE_PREFIX,
     decode_run_groups,
@@ -39,10 +36,12 @@ from streams.worker.agents.messages import (
     sent_clock,
     tick_clock,
 )
+from streams.worker.agents.parts import Parts
 from streams.worker.agents.publish import publish
-from streams.worker.kafka.delivery import Abandoned, Publisher, Sent
-from streams.worker.kafka.skips import SkipGuard
-from streams.worker.state.store import Tables
+from streams.worker.kafka.delivery import Abandoned, Sent
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -52,37 +51,27 @@ Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
 class Detect:
     def __init__(
         self,
-        driver: RunDriver,
-        tables: Tables,
-        reader: InputDecoder,
-        skips: SkipGuard,
-        publisher: Publisher,
-        dead_letters: DeadLetters,
-        clock: DeadlineClock,
+        parts: Parts,
         checkpoint: Checkpoint,
         counting: Counting,
-        events_topic: Any,
-        runs_topic: Any,
-        metrics: Any,
-        counters: dict[str, int],
         *,
         keyed_input_topic: str | None,
         on_tick: Callable[[int], None],
         on_state_error: Callable[[str], None] = lambda error: None,
     ) -> None:
-        self.driver = driver
-        self.tables = tables
-        self.reader = reader
-        self.skips = skips
-        self.publisher = publisher
-        self.dead_letters = dead_letters
-        self.clock = clock
+        self.driver = parts.driver
+        self.tables = parts.tables
+        self.reader = parts.reader
+        self.skips = parts.skips
+        self.publisher = parts.publisher
+        self.dead_letters = parts.dead_letters
+        self.clock = parts.clock
         self.checkpoint = checkpoint
         self.counting = counting
-        self.events_topic = events_topic
-        self.runs_topic = runs_topic
-        self.metrics = metrics
-        self.counters = counters
+        self.events_topic = parts.topics["events"]
+        self.runs_topic = parts.topics["runs"]
+        self.metrics = parts.metrics
+        self.counters = parts.counters
         self.keyed_input_topic = keyed_input_topic  # keyed input: decoded here
         self.on_tick = on_tick  # a tick of this partition is handled: another may be sent
         self.on_state_error = on_state_error  # the worker stops (exit status 3)

@@ -15,9 +15,6 @@ import time
 from typing import Any
 
 from detectors.model import Step
-from streams.worker.agents.dead_letters import DeadLetters
-from streams.worker.agents.deadline_clock import DeadlineClock
-from streams.worker.agents.decode import InputDecoder
 from streams.worker.agents.messages import (
     MAX_STEPS_MESSAGE_BYTES,
     encode_first_steps,
@@ -25,34 +22,23 @@ from streams.worker.agents.messages import (
     key_partition,
     split_to_fit,
 )
-from streams.worker.kafka.delivery import Abandoned, Outgoing, Publisher, Sent
-from streams.worker.kafka.skips import SkipGuard
+from streams.worker.agents.parts import Parts
+from streams.worker.kafka.delivery import Abandoned, Outgoing, Sent
 
 log = logging.getLogger(__name__)
 
 
 class Ingest:
-    def __init__(
-        self,
-        reader: InputDecoder,
-        skips: SkipGuard,
-        publisher: Publisher,
-        dead_letters: DeadLetters,
-        clock: DeadlineClock,
-        steps_topic: Any,
-        detect_partitions: int,
-        steps_grouping: str,
-        counters: dict[str, int],
-    ) -> None:
-        self.reader = reader
-        self.skips = skips
-        self.publisher = publisher
-        self.dead_letters = dead_letters
-        self.clock = clock
-        self.steps_topic = steps_topic
+    def __init__(self, parts: Parts, detect_partitions: int, steps_grouping: str) -> None:
+        self.reader = parts.reader
+        self.skips = parts.skips
+        self.publisher = parts.publisher
+        self.dead_letters = parts.dead_letters
+        self.clock = parts.clock
+        self.steps_topic = parts.topics["steps"]
         self.detect_partitions = detect_partitions
         self.steps_grouping = steps_grouping
-        self.counters = counters
+        self.counters = parts.counters
         self.last_ack: dict[Any, asyncio.Future[None]] = {}  # per input partition
 
     async def run(self, stream: Any) -> None:

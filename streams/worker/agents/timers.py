@@ -15,13 +15,15 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from streams.worker.agents.deadline_clock import DeadlineClock
-from streams.worker.agents.driver import RunDriver
 from streams.worker.agents.messages import encode_tick
+from streams.worker.agents.parts import Parts
 from streams.worker.faust_internals import read_offsets
-from streams.worker.kafka.delivery import Outgoing, Publisher, ignore_failure
+from streams.worker.kafka.delivery import Outgoing, ignore_failure
+
+if TYPE_CHECKING:
+    pass
 
 TICK_RESEND_SECONDS = 10.0  # one tick in flight per partition, sent again if lost
 
@@ -29,21 +31,17 @@ TICK_RESEND_SECONDS = 10.0  # one tick in flight per partition, sent again if lo
 class Timers:
     def __init__(
         self,
-        driver: RunDriver,
-        clock: DeadlineClock,
-        publisher: Publisher,
-        steps_topic: Any,
-        metrics: Any,
+        parts: Parts,
         *,
         ready: Callable[[], bool],
         assigned: Callable[[], set[int]],
         lag_sources: set[str],
     ) -> None:
-        self.driver = driver
-        self.clock = clock
-        self.publisher = publisher
-        self.steps_topic = steps_topic
-        self.metrics = metrics
+        self.driver = parts.driver
+        self.clock = parts.clock
+        self.publisher = parts.publisher
+        self.steps_topic = parts.topics["steps"]
+        self.metrics = parts.metrics
         self.ready = ready
         self.assigned = assigned
         self.lag_sources = lag_sources

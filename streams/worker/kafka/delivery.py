@@ -15,9 +15,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.errors import MessageSizeTooLargeError
+
+if TYPE_CHECKING:
+    from alerts.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ class Publisher:
 
     def __init__(
         self,
-        metrics: Any,
+        metrics: Metrics,
         counters: dict[str, int],
         stopping: Callable[[], bool],
         *,
