@@ -15,6 +15,7 @@
 //! Nesting deeper than the caller's `max_depth` is not decided here (`Outcome::Delegate`): the
 //! reference's answer there depends on Python's recursion limit and stack depth.
 
+use crate::ids::at;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
@@ -1375,15 +1376,6 @@ fn scope_spans_of<'t, 'a>(rs: &'t Obj<'a>) -> R<&'t [J<'a>]> {
         }
     }
     jlist(ss, "scopeSpans")
-}
-
-/// streams.spanpath.otlp.common._at
-pub fn at(place: &str, reason: &str) -> String {
-    if reason.starts_with("has ") || reason.starts_with("missing ") || reason.starts_with("is ") {
-        format!("{} {}", place, reason)
-    } else {
-        format!("{}: {}", place, reason)
-    }
 }
 
 #[cfg(test)]

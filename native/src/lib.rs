@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
 mod digest;
+mod ids;
 mod json;
 mod normalize;
 mod packing;
@@ -26,6 +27,7 @@ macro_rules! int {
     };
 }
 
+use ids::{at, hex, id_problem, ids_valid, parent_hex};
 use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/spanpath/native.py` refuses
@@ -102,46 +104,6 @@ fn conv_attrs<'a, 'py>(
         d.set_item(&*key, value)?;
     }
     Ok(d)
-}
-
-fn hex(b: &[u8]) -> String {
-    const H: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(b.len() * 2);
-    for &x in b {
-        s.push(H[(x >> 4) as usize] as char);
-        s.push(H[(x & 15) as usize] as char);
-    }
-    s
-}
-
-fn id_problem(tid: &[u8], sid: &[u8], pid: &[u8]) -> String {
-    for (name, value, size) in [
-        ("traceId", tid, 16usize),
-        ("spanId", sid, 8),
-        ("parentSpanId", pid, 8),
-    ] {
-        if value.is_empty() {
-            if name != "parentSpanId" {
-                return format!("missing {}", name);
-            }
-        } else if value.len() != size {
-            return format!("has {} of {} bytes, expected {}", name, value.len(), size);
-        }
-    }
-    "has an all-zero (invalid) traceId or spanId".to_string()
-}
-
-/// streams.spanpath.otlp.common._at
-fn at(place: &str, reason: &str) -> String {
-    if reason.starts_with("has ") || reason.starts_with("missing ") || reason.starts_with("is ") {
-        format!("{} {}", place, reason)
-    } else {
-        format!("{}: {}", place, reason)
-    }
-}
-
-fn all_zero(b: &[u8]) -> bool {
-    b.iter().all(|&x| x == 0)
 }
 
 /// decode_proto(data, source, record, event, error) -> list[record]
@@ -225,12 +187,7 @@ fn span_record<'a, 'py>(
     event: &Bound<'py, PyAny>,
 ) -> Result<Bound<'py, PyAny>, Fail> {
     let (tid, sid, pid) = (&*sp.trace_id, &*sp.span_id, &*sp.parent);
-    if tid.len() != 16
-        || sid.len() != 8
-        || (!pid.is_empty() && pid.len() != 8)
-        || all_zero(tid)
-        || all_zero(sid)
-    {
+    if !ids_valid(tid, sid, pid) {
         return Err(Fail::Bad(id_problem(tid, sid, pid)));
     }
     let attrs = conv_attrs(py, keys, &sp.attrs)?;
@@ -243,10 +200,9 @@ fn span_record<'a, 'py>(
         };
         events.append(event.call1((PyString::new(py, ev.name), ev.time, ev_attrs))?)?;
     }
-    let parent: Bound<'py, PyAny> = if !pid.is_empty() && !all_zero(pid) {
-        PyString::new(py, &hex(pid)).into_any()
-    } else {
-        py.None().into_bound(py)
+    let parent: Bound<'py, PyAny> = match parent_hex(pid) {
+        Some(text) => PyString::new(py, &text).into_any(),
+        None => py.None().into_bound(py),
     };
     let args = PyTuple::new(
         py,

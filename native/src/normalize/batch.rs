@@ -137,12 +137,7 @@ impl SpanPath {
                 for sp in &ss.spans {
                     let (tid, sid, pid): (&[u8], &[u8], &[u8]) =
                         (&sp.trace_id, &sp.span_id, &sp.parent);
-                    if tid.len() != 16
-                        || sid.len() != 8
-                        || (!pid.is_empty() && pid.len() != 8)
-                        || tid.iter().all(|&x| x == 0)
-                        || sid.iter().all(|&x| x == 0)
-                    {
+                    if !ids_valid(tid, sid, pid) {
                         return Ok(None);
                     }
                 }
@@ -189,11 +184,7 @@ impl SpanPath {
                     let span = Span {
                         trace_id: hex(&sp.trace_id),
                         span_id: hex(&sp.span_id),
-                        parent: if !pid.is_empty() && !pid.iter().all(|&x| x == 0) {
-                            Some(hex(pid))
-                        } else {
-                            None
-                        },
+                        parent: parent_hex(pid),
                         name: sp.name,
                         start: sp.start,
                         end: sp.end,

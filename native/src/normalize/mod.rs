@@ -55,6 +55,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::digest::Sha256;
+use crate::ids::{hex, ids_valid, parent_hex};
 use crate::pyval::{
     as_json, canonical, crc32, dict_set, ident_text, loads, py_int, py_lower, py_split, py_str,
     py_strip, repr_into, repr_str_into, Hard, PyInt, R, V,

@@ -38,13 +38,3 @@ pub(super) fn conv_attrs<'a>(kvs: &'a [Kv<'a>]) -> R<Attrs<'a>> {
     }
     Ok(out)
 }
-
-pub(super) fn hex(b: &[u8]) -> String {
-    const H: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(b.len() * 2);
-    for &x in b {
-        s.push(H[(x >> 4) as usize] as char);
-        s.push(H[(x & 15) as usize] as char);
-    }
-    s
-}
