@@ -18,7 +18,7 @@
 //!
 //! The parse builds borrowed structures (`&str` / `&[u8]` into the input); the conversion to
 //! Python values happens afterwards, in the order the Python decoder walks the request.
-//! `json.rs` builds the same structures from OTLP JSON: its ids and bytes values are decoded
+//! `json/` builds the same structures from OTLP JSON: its ids and bytes values are decoded
 //! from hex / base64, hence `Cow` for those fields (always borrowed here).
 
 use std::borrow::Cow;
