@@ -118,7 +118,9 @@ class CurrentWindow:
 
 
 class LoopwatchService:
-    """The faust app, its topics and tables, and a `Worker` wired to them."""
+    """The faust app, its topics and tables, and a `Worker` wired to them, in the order a
+    reader follows: the app, its topics, its tables, the worker, then what faust runs (the
+    two agents, the timers) and what it serves (the on-call API, the holds)."""
 
     def __init__(
         self,
@@ -128,103 +130,16 @@ class LoopwatchService:
         metrics: Metrics,
         detect_partitions: int,
     ) -> None:
-        import faust
-
-        from streams.worker.kafka.topics import (
-            EPISODES_TABLE,
-            FINISHED_TABLE,
-            HOLD_COUNTS_TABLE,
-            LOOP_COUNTS_TABLE,
-            RETAINED_TABLE,
-            RUN_COUNTS_TABLE,
-            RUNS_TABLE,
-            VERSION_COUNTS_TABLE,
-            VERSIONS_TABLE,
-        )
-
         self.settings = s = settings
         # faust clears the stream queues after its end-of-recovery seek: records fetched
         # during the seek were lost (the restart stall, issue 16)
         faust_internals.install_recovery_fix()
         s.data_path.mkdir(parents=True, exist_ok=True)
-        self.app: Any = cast(Any, faust.App)(
-            s.app_id,
-            store=s.store,
-            datadir=str(s.data_path / "{conf.id}"),
-            topic_partitions=detect_partitions,
-            topic_replication_factor=s.replication_factor,
-            web_enabled=True,
-            web_bind=s.web_host,
-            web_host=s.web_host,
-            web_port=s.web_port,
-            canonical_url=s.canonical_url,
-            web_router_enabled=False,
-            web_tables_enabled=False,
-            web_stats_enabled=False,
-            web_graph_enabled=False,
-            web_metrics_enabled=False,
-            producer_linger_ms=s.linger_ms,
-            # batches of 16 KiB (faust's default) hold 9 run states of the changelog, and
-            # aiokafka's sender costs per batch: 39 -> 13 us of CPU a 1.8 kB record at 256 KiB
-            producer_max_batch_size=s.producer_batch_kb * 1024,
-            table_standby_replicas=0,
-            logging_config=None,
-            **consumer_conf(s),
-        )
+        self.app: Any = make_app(s, detect_partitions)
+        topics = self._topics(detect_partitions)
+        tables = self._tables(detect_partitions)
         app = self.app
-        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-        keyed = s.input_keyed_by_run
-        input_topic = app.topic(s.input_topic, **raw)
-        steps_topic = app.topic(s.steps_topic, partitions=detect_partitions, **raw)
-        topics = {
-            "steps": steps_topic,
-            "events": app.topic(s.events_topic, **raw),
-            "runs": app.topic(s.runs_topic, **raw),
-            "dead": app.topic(s.dead_letter_topic, **raw),
-        }
-        detect_source = app.topic(s.input_topic, s.steps_topic, **raw) if keyed else steps_topic
-        self.detect_topic_names = {s.input_topic, s.steps_topic} if keyed else {s.steps_topic}
-
-        # Each table's store gets its own dict: faust's rocksdb Store pops keys out of it.
-        def opts() -> dict[str, Any]:
-            return {"partitions": detect_partitions, "options": s.rocksdb_options()}
-
-        as_bytes: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
-        self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
-        self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
-        self.retained = app.Table(RETAINED_TABLE, **opts(), **as_bytes)
-        self.episodes = app.Table(EPISODES_TABLE, **opts(), **as_bytes)
-        # windowed counters: json keys ((label key, (start, end))) and int values
-        loop_counts_raw = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
-        run_counts_raw = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
-        version_counts_raw = app.Table(VERSION_COUNTS_TABLE, default=int, **opts())
-        hold_counts_raw = app.Table(HOLD_COUNTS_TABLE, default=int, **opts())
-        self.versions = app.Table(VERSIONS_TABLE, **opts(), **as_bytes)
-        self.all_tables = (
-            self.runs,
-            self.finished,
-            self.retained,
-            self.episodes,
-            loop_counts_raw,
-            run_counts_raw,
-            version_counts_raw,
-            hold_counts_raw,
-            self.versions,
-        )
-        tables = Tables(
-            self.runs,
-            self.finished,
-            CurrentWindow(loop_counts_raw),
-            CurrentWindow(run_counts_raw),
-            faust_internals.in_event,
-            retained=self.retained,
-            episodes=self.episodes,
-            scan=faust_internals.partition_items,
-            versions=self.versions,
-            version_counts=CurrentWindow(version_counts_raw),
-            hold_counts=CurrentWindow(hold_counts_raw),
-        )
-        self.worker = worker = Worker(
+        self.worker = Worker(
             s,
             policy,
             normalizer,
@@ -238,13 +153,100 @@ class LoopwatchService:
             request_stop=lambda: os.kill(os.getpid(), signal.SIGTERM),
             flush_producer=lambda: app.producer.flush(),
         )
+        self._share_store_memory()
+        self._agents()
+        self._timers()
+        self._api(tables, policy)
 
-        # one cache and one write buffer manager for every table partition (before any opens)
+    def _topics(self, detect_partitions: int) -> dict[str, Any]:
+        """The topics the worker writes (steps, events, runs, dead letters); the input and
+        detect's sources are kept for `_agents`."""
+        s, app = self.settings, self.app
+        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+        steps_topic = app.topic(s.steps_topic, partitions=detect_partitions, **raw)
+        self.input_topic = app.topic(s.input_topic, **raw)
+        keyed = s.input_keyed_by_run
+        # keyed input: detect reads the input itself (no hop), and the steps topic's ticks
+        self.detect_source = (
+            app.topic(s.input_topic, s.steps_topic, **raw) if keyed else steps_topic
+        )
+        self.detect_topic_names = {s.input_topic, s.steps_topic} if keyed else {s.steps_topic}
+        return {
+            "steps": steps_topic,
+            "events": app.topic(s.events_topic, **raw),
+            "runs": app.topic(s.runs_topic, **raw),
+            "dead": app.topic(s.dead_letter_topic, **raw),
+        }
+
+    def _tables(self, detect_partitions: int) -> Tables:
+        from streams.worker.kafka.topics import (
+            EPISODES_TABLE,
+            FINISHED_TABLE,
+            HOLD_COUNTS_TABLE,
+            LOOP_COUNTS_TABLE,
+            RETAINED_TABLE,
+            RUN_COUNTS_TABLE,
+            RUNS_TABLE,
+            VERSION_COUNTS_TABLE,
+            VERSIONS_TABLE,
+        )
+
+        s, app = self.settings, self.app
+
+        # Each table's store gets its own dict: faust's rocksdb Store pops keys out of it.
+        def opts() -> dict[str, Any]:
+            return {"partitions": detect_partitions, "options": s.rocksdb_options()}
+
+        as_bytes: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
+        self.runs = app.Table(RUNS_TABLE, **opts(), **as_bytes)
+        self.finished = app.Table(FINISHED_TABLE, **opts(), **as_bytes)
+        self.retained = app.Table(RETAINED_TABLE, **opts(), **as_bytes)
+        self.episodes = app.Table(EPISODES_TABLE, **opts(), **as_bytes)
+        # windowed counters: json keys ((label key, (start, end))) and [n, ids] values
+        loop_counts = app.Table(LOOP_COUNTS_TABLE, default=int, **opts())
+        run_counts = app.Table(RUN_COUNTS_TABLE, default=int, **opts())
+        version_counts = app.Table(VERSION_COUNTS_TABLE, default=int, **opts())
+        hold_counts = app.Table(HOLD_COUNTS_TABLE, default=int, **opts())
+        self.versions = app.Table(VERSIONS_TABLE, **opts(), **as_bytes)
+        self.all_tables = (
+            self.runs,
+            self.finished,
+            self.retained,
+            self.episodes,
+            loop_counts,
+            run_counts,
+            version_counts,
+            hold_counts,
+            self.versions,
+        )
+        return Tables(
+            self.runs,
+            self.finished,
+            CurrentWindow(loop_counts),
+            CurrentWindow(run_counts),
+            faust_internals.in_event,
+            retained=self.retained,
+            episodes=self.episodes,
+            scan=faust_internals.partition_items,
+            versions=self.versions,
+            version_counts=CurrentWindow(version_counts),
+            hold_counts=CurrentWindow(hold_counts),
+        )
+
+    def _share_store_memory(self) -> None:
+        """One cache and one write buffer manager for every table partition (before any
+        opens)."""
+        s = self.settings
         store_memory = faust_internals.StoreMemory(
             s.rocksdb_block_cache_mb * 2**20, s.rocksdb_memtables_mb * 2**20
         )
         faust_internals.share_store_memory(self.all_tables, store_memory)
-        worker.store_memory = lambda: rocksdb_memory(self.all_tables, store_memory)
+        self.worker.store_memory = lambda: rocksdb_memory(self.all_tables, store_memory)
+
+    def _agents(self) -> None:
+        """The ingest agent (unkeyed input only: the hop), the detect agent, and the
+        rebalance callbacks."""
+        s, app, worker = self.settings, self.app, self.worker
 
         async def on_recover() -> None:
             worker.recovered(self.assigned_partitions())
@@ -263,10 +265,12 @@ class LoopwatchService:
             with worker.agent_running("detect"):
                 await worker.detect.run(stream, s.batch_max, s.batch_within_ms / 1000)
 
-        if not keyed:
-            app.agent(input_topic, name="ingest")(ingest)
-        app.agent(detect_source, name="detect")(detect)
+        if not s.input_keyed_by_run:
+            app.agent(self.input_topic, name="ingest")(ingest)
+        app.agent(self.detect_source, name="detect")(detect)
 
+    def _timers(self) -> None:
+        s, app, worker = self.settings, self.app, self.worker
         timers = worker.timers
 
         async def ticks() -> None:
@@ -284,6 +288,12 @@ class LoopwatchService:
         async def state_flush() -> None:
             await worker.detect.flush_if_due()
 
+        async def broker() -> None:
+            await worker.probe_broker()
+
+        async def state_dir() -> None:
+            await worker.check_state_dir()
+
         app.timer(interval=s.tick_seconds, name="loopwatch-ticks")(ticks)
         app.timer(interval=5.0, name="loopwatch-lag")(lag)
         if worker.clock.input is not None:
@@ -291,32 +301,21 @@ class LoopwatchService:
         app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
         if s.state_flush_ms:
             app.timer(interval=s.state_flush_ms / 1000, name="loopwatch-state-flush")(state_flush)
-
-        async def broker() -> None:
-            await worker.probe_broker()
-
-        async def state_dir() -> None:
-            await worker.check_state_dir()
-
         app.timer(interval=BROKER_PROBE_SECONDS, name="loopwatch-broker")(broker)
         app.timer(interval=10.0, name="loopwatch-state-dir")(state_dir)
 
+    def _api(self, tables: Tables, policy: Policy) -> None:
+        """The on-call API (streams/worker/api/views.py) and the holds: the book every
+        worker reads whole, its routes, and the verdicts guards poll."""
+        s, app, worker = self.settings, self.app, self.worker
         Views(
             app,
-            self.runs,
-            self.finished,
-            self.retained,
-            self.episodes,
+            tables,
             s.retention,
-            loop_counts_raw,
-            run_counts_raw,
             s.api_token,
             worker.health,
             s.trace_links,
             self.assigned_partitions,
-            versions=self.versions,
-            version_counts=version_counts_raw,
-            hold_counts=hold_counts_raw,
         ).wire()
         self.holds = HoldBook(
             s.bootstrap,
@@ -334,6 +333,36 @@ class LoopwatchService:
     def assigned_partitions(self) -> set[int]:
         actives = self.app.assignor.assigned_actives()
         return {tp.partition for tp in actives if tp.topic in self.detect_topic_names}
+
+
+def make_app(s: WorkerSettings, detect_partitions: int) -> Any:
+    """The faust app with the worker's settings (consumer_conf: its consumer's)."""
+    import faust
+
+    return cast(Any, faust.App)(
+        s.app_id,
+        store=s.store,
+        datadir=str(s.data_path / "{conf.id}"),
+        topic_partitions=detect_partitions,
+        topic_replication_factor=s.replication_factor,
+        web_enabled=True,
+        web_bind=s.web_host,
+        web_host=s.web_host,
+        web_port=s.web_port,
+        canonical_url=s.canonical_url,
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_stats_enabled=False,
+        web_graph_enabled=False,
+        web_metrics_enabled=False,
+        producer_linger_ms=s.linger_ms,
+        # batches of 16 KiB (faust's default) hold 9 run states of the changelog, and
+        # aiokafka's sender costs per batch: 39 -> 13 us of CPU a 1.8 kB record at 256 KiB
+        producer_max_batch_size=s.producer_batch_kb * 1024,
+        table_standby_replicas=0,
+        logging_config=None,
+        **consumer_conf(s),
+    )
 
 
 def build_app(

@@ -1,8 +1,10 @@
-"""The on-call API served by faust's web server: ``/healthz`` (readiness, also ``/readyz``:
-HTTP 503 when not ready), ``/livez`` (liveness: the event loop answers), ``/runs/{run_id}`` (routed
-to the worker owning the key), ``/loops`` and ``/runs`` summed from the windowed count
-tables (60 s tumbling, 24 h) of every worker, optional bearer token. Read-only; faust's own
-table/router/stats pages are turned off."""
+"""The on-call API served by faust's web server, one route table (`ROUTES`): ``/healthz``
+(readiness, also ``/readyz``: HTTP 503 when not ready), ``/livez`` (liveness: the event loop
+answers), ``/runs/{run_id}`` (routed to the worker owning the key), ``/find``, ``/episodes``,
+``/loops``, ``/runs`` and ``/hold-counts`` summed from the windowed count tables (60 s
+tumbling, 24 h) of every worker, ``/versions`` and ``/compare``; optional bearer token.
+Read-only; faust's own table/router/stats pages are turned off. The holds' routes are
+streams/worker/api/holds.py."""
 
 from __future__ import annotations
 
@@ -47,298 +49,257 @@ from streams.worker.api.versions import (
 from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS
 from streams.worker.state import retained
 from streams.worker.state.retained import Retention, retention_doc
+from streams.worker.state.store import Tables
 from streams.worker.state.versions import history_of
+
+Answer = dict[str, Any]  # a JSON document (200), or a response a handler made itself
+
+# The API: path -> the Views method that answers it. Every route but the health pages asks
+# for the bearer token (when one is set); a handler raises BadRequest (400), NotFound (404)
+# or PeerError (503: another worker did not answer, the answer would be partial).
+ROUTES: tuple[tuple[str, str, bool], ...] = (
+    # (path, method, bearer token required)
+    ("/healthz", "healthz", False),
+    ("/readyz", "healthz", False),
+    ("/livez", "livez", False),
+    ("/runs/{run_id}", "run_page", True),
+    ("/loops", "loops_page", True),
+    ("/find", "find_page", True),
+    ("/episodes", "episodes_page", True),
+    ("/runs", "runs_page", True),
+    ("/versions", "versions_page", True),
+    ("/compare", "compare_page", True),
+    ("/hold-counts", "hold_counts_page", True),
+)
 
 
 class Views:
-    """`app`: the faust app; `runs`, `finished`: the tables; `loop_counts`, `run_counts`:
-    the raw (unwindowed) count tables; `health`: the /healthz document."""
+    """The on-call API over this worker's tables (`Tables`: the faust tables; the count
+    tables read whole, every window); `health`: the /healthz document; `partitions`: the
+    table partitions this worker owns."""
 
     def __init__(
         self,
         app: Any,
-        runs: Any,
-        finished: Any,
-        retained: Any,
-        episodes: Any,
+        tables: Tables,
         retention: Retention | None,
-        loop_counts: Any,
-        run_counts: Any,
         api_token: str | None,
         health: Callable[[], dict[str, Any]],
         links: TraceLinks | None = None,
         partitions: Callable[[], set[int]] = set,
-        versions: Any = None,
-        version_counts: Any = None,
-        hold_counts: Any = None,
     ) -> None:
         self.app = app
-        self.runs = runs
-        self.finished = finished
-        self.retained = retained
-        self.episodes = episodes
+        self.tables = tables
         self.retention = retention
-        self.loop_counts = loop_counts
-        self.run_counts = run_counts
         self.api_token = api_token
         self.health = health
         self.links = links
-        self.partitions = partitions  # the table partitions this worker owns
-        self.versions = versions if versions is not None else {}
-        self.version_counts = version_counts if version_counts is not None else {}
-        self.hold_counts = hold_counts if hold_counts is not None else {}
+        self.partitions = partitions
+        self.routed_run: Any = None
 
     def wire(self) -> None:
+        """Register every route of ROUTES with faust's web server."""
         app = self.app
-        views = self
+        self.routed_run = app.table_route(table=self.tables.runs, match_info="run_id")(
+            self.local_run
+        )
+        for path, name, guarded in ROUTES:
+            app.page(path)(self.answering(getattr(self, name), guarded))
 
-        def denied(view: Any, request: Any) -> Any:
-            if check_bearer(request.headers.get("Authorization"), views.api_token):
-                return None
-            return view.json(
-                {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
-                status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="loopwatch"'},
-            )
+    def answering(self, handler: Callable[..., Any], guarded: bool) -> Callable[..., Any]:
+        """`handler` as a faust page: the bearer token checked, its document served, its
+        BadRequest / NotFound / PeerError answered as 400 / 404 / 503."""
 
-        async def healthz(view: Any, request: Any) -> Any:
-            doc = views.health()
-            return view.json(doc, status=503 if doc.get("status") == "not_ready" else 200)
-
-        async def livez(view: Any, request: Any) -> Any:
-            # liveness: the process and its event loop answer (nothing else is asked)
-            return view.json({"status": "alive"})
-
-        async def local_run(view: Any, request: Any, run_id: str) -> Any:
-            key = run_id.encode("utf-8")
-            raw = views.runs.get(key)
-            if raw is None and views.retention is not None:
-                kept = views.retained.get(key)
-                if kept is not None:
-                    return view.json(retained_view(run_id, kept, views.retention, views.links))
-            finished = views.finished.get(key) is not None
-            doc = run_view(run_id, raw, finished, views.links)
-            if views.retention is not None:
-                doc["retention"] = retention_doc(views.retention)
-                kept = views.retained.get(key) if raw is not None else None
-                if kept is not None:  # in flight: its side-effect calls so far
-                    doc["side_effects"] = retained.side_effects(retained.decode(kept))
-            return view.json(doc)
-
-        routed_run = app.table_route(table=self.runs, match_info="run_id")(local_run)
-
-        async def run_page(view: Any, request: Any, run_id: str) -> Any:
-            if (resp := denied(view, request)) is not None:
-                return resp
-            if not run_id or len(run_id) > 512:
-                return view.json({"error": "run_id: expected 1 to 512 characters"}, status=400)
-            return await routed_run(view, request, run_id=run_id)
-
-        async def loops_page(view: Any, request: Any) -> Any:
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                by = parse_by(request.query.get("by"))
-                since, seconds = parse_since(request.query.get("since"))
-                where = parse_filters(request.query)
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
-            rows = sum_windows(
-                views.loop_counts.items(),
-                LOOP_LABELS,
-                by,
-                seconds,
-                time.time(),
-                "events",
-                where,
-            )
-            complete = True
-            if views.retention is not None:
-                cutoff = time.time_ns() - seconds * NS
-                complete = add_spread(
-                    rows,
-                    by,
-                    views.partitions(),
-                    views.episodes,
-                    faust_internals.newest_first,
-                    cutoff,
-                    where,
-                )
-            try:
-                rows = await views.gather_peers(request, rows, by, "events")
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            doc: dict[str, Any] = {"by": by, "where": where, **covered, "rows": rows}
-            if not complete:
-                doc["runs_partial"] = True  # more episodes in the window than one answer reads
-            return view.json(doc)
-
-        async def summed(
-            view: Any,
-            request: Any,
-            items: Any,
-            labels: tuple[str, ...],
-            value_name: str,
-            default_since: str | None = None,
-        ) -> Any:
-            """A windowed count table summed by all its labels over `since=`, on every
-            worker (GET /runs, GET /hold-counts)."""
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                # absent: the default; empty or anything unreadable: 400
-                since, seconds = parse_since(request.query.get("since", default_since))
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            by = list(labels)
-            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
-            rows = sum_windows(items, labels, by, seconds, time.time(), value_name)
-            try:
-                rows = await views.gather_peers(request, rows, by, value_name)
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return view.json({**covered, "rows": rows})
-
-        async def runs_page(view: Any, request: Any) -> Any:
-            return await summed(view, request, views.run_counts.items(), RUN_LABELS, "runs")
-
-        async def hold_counts_page(view: Any, request: Any) -> Any:
-            """GET /hold-counts?since=24h: per on-call hold, the calls it denied, the calls
-            that ran under it undecided and the runs it touched (detectors/holds.py): rows
-            of hold_id, measure, calls."""
-            items = views.hold_counts.items()
-            return await summed(view, request, items, HOLD_LABELS, "calls", "24h")
-
-        async def find_page(view: Any, request: Any) -> Any:
-            """GET /find?run=PREFIX: the runs whose id starts with PREFIX, on every worker."""
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                prefix = parse_prefix(request.query.get("run"))
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            matches = find_runs(
-                prefix,
-                views.partitions(),
-                views.runs,
-                views.retained if views.retention is not None else None,
-                faust_internals.prefix_items,
-            )
-            try:
-                docs = await views.peer_docs(request)
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            merged = merge_matches([matches, *(d.get("matches", []) for d in docs)])
-            doc: dict[str, Any] = {"run": prefix, "matches": merged}
-            if views.retention is not None:
-                doc["retention"] = retention_doc(views.retention)
-            return view.json(doc)
-
-        async def episodes_page(view: Any, request: Any) -> Any:
-            """GET /episodes: the latest loop episodes of a slice (since=, label filters,
-            limit=), newest first, from every worker."""
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                since, seconds = parse_since(request.query.get("since"))
-                where = parse_filters(request.query)
-                limit = parse_limit(request.query.get("limit"))
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            if views.retention is None:
+        async def page(view: Any, request: Any, **match: Any) -> Any:
+            if guarded and not check_bearer(request.headers.get("Authorization"), self.api_token):
                 return view.json(
-                    {"error": "finished runs are not kept (LOOPWATCH_RUN_RETENTION_HOURS=0)"},
-                    status=404,
+                    {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="loopwatch"'},
                 )
-            covered, seconds = window(since, seconds, views.retention.looping_ns // NS)
+            try:
+                answer = await handler(view, request, **match)
+            except BadRequest as exc:
+                return view.json({"error": str(exc)}, status=400)
+            except NotFound as exc:
+                return view.json({"error": str(exc)}, status=404)
+            except PeerError as exc:
+                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
+            return view.json(answer) if isinstance(answer, dict) else answer
+
+        return page
+
+    # ------------------------------------------------------------------ health
+
+    async def healthz(self, view: Any, request: Any) -> Any:
+        doc = self.health()
+        return view.json(doc, status=503 if doc.get("status") == "not_ready" else 200)
+
+    async def livez(self, view: Any, request: Any) -> Answer:
+        # liveness: the process and its event loop answer (nothing else is asked)
+        return {"status": "alive"}
+
+    # ------------------------------------------------------------------ runs
+
+    async def local_run(self, view: Any, request: Any, run_id: str) -> Any:
+        """GET /runs/{run_id} on the worker that owns the run's partition."""
+        tables, retention = self.tables, self.retention
+        key = run_id.encode("utf-8")
+        raw = tables.runs.get(key)
+        if raw is None and retention is not None:
+            kept = tables.retained.get(key)
+            if kept is not None:
+                return view.json(retained_view(run_id, kept, retention, self.links))
+        finished = tables.finished.get(key) is not None
+        doc = run_view(run_id, raw, finished, self.links)
+        if retention is not None:
+            doc["retention"] = retention_doc(retention)
+            kept = tables.retained.get(key) if raw is not None else None
+            if kept is not None:  # in flight: its side-effect calls so far
+                doc["side_effects"] = retained.side_effects(retained.decode(kept))
+        return view.json(doc)
+
+    async def run_page(self, view: Any, request: Any, run_id: str) -> Any:
+        if not run_id or len(run_id) > 512:
+            raise BadRequest("run_id: expected 1 to 512 characters")
+        return await self.routed_run(view, request, run_id=run_id)
+
+    async def find_page(self, view: Any, request: Any) -> Answer:
+        """GET /find?run=PREFIX: the runs whose id starts with PREFIX, on every worker."""
+        prefix = parse_prefix(request.query.get("run"))
+        tables, retention = self.tables, self.retention
+        matches = find_runs(
+            prefix,
+            self.partitions(),
+            tables.runs,
+            tables.retained if retention is not None else None,
+            faust_internals.prefix_items,
+        )
+        docs = await self.peer_docs(request)
+        merged = merge_matches([matches, *(d.get("matches", []) for d in docs)])
+        doc: Answer = {"run": prefix, "matches": merged}
+        if retention is not None:
+            doc["retention"] = retention_doc(retention)
+        return doc
+
+    # ------------------------------------------------------------------ counts
+
+    async def loops_page(self, view: Any, request: Any) -> Answer:
+        by = parse_by(request.query.get("by"))
+        since, seconds = parse_since(request.query.get("since"))
+        where = parse_filters(request.query)
+        covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
+        items = self.tables.loop_counts.items()
+        rows = sum_windows(items, LOOP_LABELS, by, seconds, time.time(), "events", where)
+        complete = True
+        if self.retention is not None:
             cutoff = time.time_ns() - seconds * NS
-            rows = recent_episodes(
-                views.partitions(),
-                views.episodes,
-                views.retained,
+            complete = add_spread(
+                rows,
+                by,
+                self.partitions(),
+                self.tables.episodes,
                 faust_internals.newest_first,
                 cutoff,
                 where,
-                limit,
             )
-            try:
-                docs = await views.peer_docs(request)
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            rows = merge_episodes([rows, *(d.get("rows", []) for d in docs)], limit)
-            return view.json({"where": where, **covered, "rows": rows})
+        rows = await self.gather_peers(request, rows, by, "events")
+        doc: Answer = {"by": by, "where": where, **covered, "rows": rows}
+        if not complete:
+            doc["runs_partial"] = True  # more episodes in the window than one answer reads
+        return doc
 
-        async def with_peers(
-            view: Any, request: Any, mine: dict[str, Any], merge: Callable[[list[Any]], Any]
-        ) -> Any:
-            """A peer's request (scope=local) gets this worker's raw share; the worker asked
-            merges every worker's share (a predecessor, a p-value need them all)."""
-            if request.query.get("scope") == "local":
-                return view.json(mine)
-            try:
-                docs = await views.peer_docs(request)
-            except PeerError as exc:
-                return view.json({"error": f"{exc}: the answer would be partial"}, status=503)
-            return merge([mine, *docs])
+    async def summed(
+        self,
+        request: Any,
+        items: Any,
+        labels: tuple[str, ...],
+        value_name: str,
+        default_since: str | None = None,
+    ) -> Answer:
+        """A windowed count table summed by all its labels over `since=`, on every worker
+        (GET /runs, GET /hold-counts)."""
+        # absent: the default; empty or anything unreadable: 400
+        since, seconds = parse_since(request.query.get("since", default_since))
+        by = list(labels)
+        covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
+        rows = sum_windows(items, labels, by, seconds, time.time(), value_name)
+        rows = await self.gather_peers(request, rows, by, value_name)
+        return {**covered, "rows": rows}
 
-        async def versions_page(view: Any, request: Any) -> Any:
-            """GET /versions: every version seen since (7d), with the one it replaced."""
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                since, seconds = parse_since(request.query.get("since", DEFAULT_VERSIONS_SINCE))
-                where = parse_filters(request.query)
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            mine = {"versions": history_of(views.versions.items()).rows()}
+    async def runs_page(self, view: Any, request: Any) -> Answer:
+        return await self.summed(request, self.tables.run_counts.items(), RUN_LABELS, "runs")
 
-            def merge(shares: list[Any]) -> Any:
-                cutoff = time.time_ns() - seconds * NS
-                history = merged_history(shares)
-                rows = versions_rows(
-                    history, cutoff, where.get("service_name"), where.get("agent_name")
-                )
-                return view.json({"since": since, "where": where, "rows": rows})
+    async def hold_counts_page(self, view: Any, request: Any) -> Answer:
+        """GET /hold-counts?since=24h: per on-call hold, the calls it denied, the calls that
+        ran under it undecided and the runs it touched (detectors/holds.py): rows of
+        hold_id, measure, calls."""
+        items = self.tables.hold_counts.items()
+        return await self.summed(request, items, HOLD_LABELS, "calls", "24h")
 
-            return await with_peers(view, request, mine, merge)
+    async def episodes_page(self, view: Any, request: Any) -> Answer:
+        """GET /episodes: the latest loop episodes of a slice (since=, label filters,
+        limit=), newest first, from every worker."""
+        since, seconds = parse_since(request.query.get("since"))
+        where = parse_filters(request.query)
+        limit = parse_limit(request.query.get("limit"))
+        if self.retention is None:
+            raise NotFound("finished runs are not kept (LOOPWATCH_RUN_RETENTION_HOURS=0)")
+        covered, seconds = window(since, seconds, self.retention.looping_ns // NS)
+        cutoff = time.time_ns() - seconds * NS
+        rows = recent_episodes(
+            self.partitions(),
+            self.tables.episodes,
+            self.tables.retained,
+            faust_internals.newest_first,
+            cutoff,
+            where,
+            limit,
+        )
+        docs = await self.peer_docs(request)
+        rows = merge_episodes([rows, *(d.get("rows", []) for d in docs)], limit)
+        return {"where": where, **covered, "rows": rows}
 
-        async def compare_page(view: Any, request: Any) -> Any:
-            """GET /compare: a version's loop rate against the one it replaced (or
-            baseline=), per shape, with Fisher's exact test."""
-            if (resp := denied(view, request)) is not None:
-                return resp
-            try:
-                since, seconds = parse_since(request.query.get("since", DEFAULT_COMPARE_SINCE))
-                ask = parse_compare(request.query)
-            except BadRequest as exc:
-                return view.json({"error": str(exc)}, status=400)
-            covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
-            mine = local_share(
-                views.versions.items(), views.version_counts.items(), seconds, time.time()
+    # ------------------------------------------------------------------ versions
+
+    async def with_peers(
+        self, request: Any, mine: Answer, merge: Callable[[list[Any]], Answer]
+    ) -> Answer:
+        """A peer's request (scope=local) gets this worker's raw share; the worker asked
+        merges every worker's share (a predecessor, a p-value need them all)."""
+        if request.query.get("scope") == "local":
+            return mine
+        return merge([mine, *await self.peer_docs(request)])
+
+    async def versions_page(self, view: Any, request: Any) -> Answer:
+        """GET /versions: every version seen since (7d), with the one it replaced."""
+        since, seconds = parse_since(request.query.get("since", DEFAULT_VERSIONS_SINCE))
+        where = parse_filters(request.query)
+        mine = {"versions": history_of(self.tables.versions.items()).rows()}
+
+        def merge(shares: list[Any]) -> Answer:
+            cutoff = time.time_ns() - seconds * NS
+            history = merged_history(shares)
+            rows = versions_rows(
+                history, cutoff, where.get("service_name"), where.get("agent_name")
             )
+            return {"since": since, "where": where, "rows": rows}
 
-            def merge(shares: list[Any]) -> Any:
-                try:
-                    return view.json(answer_compare(ask, shares, covered))
-                except BadRequest as exc:
-                    return view.json({"error": str(exc)}, status=400)
-                except NotFound as exc:
-                    return view.json({"error": str(exc)}, status=404)
+        return await self.with_peers(request, mine, merge)
 
-            return await with_peers(view, request, mine, merge)
-
-        app.page("/healthz")(healthz)
-        app.page("/readyz")(healthz)
-        app.page("/livez")(livez)
-        app.page("/runs/{run_id}")(run_page)
-        app.page("/loops")(loops_page)
-        app.page("/find")(find_page)
-        app.page("/episodes")(episodes_page)
-        app.page("/runs")(runs_page)
-        app.page("/versions")(versions_page)
-        app.page("/compare")(compare_page)
-        app.page("/hold-counts")(hold_counts_page)
+    async def compare_page(self, view: Any, request: Any) -> Answer:
+        """GET /compare: a version's loop rate against the one it replaced (or baseline=),
+        per shape, with Fisher's exact test."""
+        since, seconds = parse_since(request.query.get("since", DEFAULT_COMPARE_SINCE))
+        ask = parse_compare(request.query)
+        covered, seconds = window(since, seconds, int(WINDOW_EXPIRES_SECONDS))
+        tables = self.tables
+        mine = local_share(
+            tables.versions.items(), tables.version_counts.items(), seconds, time.time()
+        )
+        return await self.with_peers(
+            request, mine, lambda shares: answer_compare(ask, shares, covered)
+        )
 
     async def gather_peers(
         self, request: Any, rows: list[dict[str, Any]], by: list[str], value_name: str
