@@ -514,4 +514,3 @@ def _attribute_in(name: str, values: frozenset[str]) -> Matcher:
 
 def _name_contains(text: str) -> Matcher:
     return lambda f: text in f.name.lower()
-

@@ -58,8 +58,8 @@ features (a query, a call's arguments, a short result) that is their Jaccard ove
 exactly, a 32-bit collision aside; for larger ones it is the overlap of a random sample of
 32 to 64 features of their union.
 
-Measured (tests/unit/test_sketch_error.py; 1,000 pairs a size, true overlap uniform in
-0.1-0.95; `python -m tests.unit.test_sketch_error` prints it), mean |error| / p99:
+Measured (tests/unit/detectors/test_sketch_error.py; 1,000 pairs a size, true overlap uniform in
+0.1-0.95; `python -m tests.unit.detectors.test_sketch_error` prints it), mean |error| / p99:
 
     features    before (16 one-byte bins)    now (bottom-32)
     2-10        0.022-0.067 / 0.20-0.33      0 / 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Helm for the chart's tests (tests/unit/test_helm_chart.py): built with the machine's Go from
+# Helm for the chart's tests (tests/unit/deploy/test_helm_chart.py): built with the machine's Go from
 # the Go module proxy (helm.sh/helm/v4), installed as /usr/local/bin/helm (root) or
 # ~/.local/bin/helm. Idempotent: nothing to do when `helm version` answers v4.
 set -euo pipefail

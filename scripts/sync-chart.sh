@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copy the alert rules and the Grafana dashboard into the Helm chart (Helm reads files only
 # from inside the chart), and write the Alertmanager routing as a kube-prometheus-stack
-# values snippet. tests/unit/test_helm_chart.py fails when any of them differs.
+# values snippet. tests/unit/deploy/test_helm_chart.py fails when any of them differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cp alerts/rules/loopwatch.rules.yml deploy/helm/loopwatch/files/loopwatch.rules.yml

@@ -1,7 +1,7 @@
 """A labeled corpus of near-duplicate loops and of the progress that looks like them (issue 29),
 written by code: each case is a run of spans, in two instrumentation styles (GenAI JSON
 arguments and results; OpenInference with smolagents-style kwargs and text results), with
-its label. tests/unit/test_near_duplicates.py scores loopwatch on it.
+its label. tests/unit/detectors/test_near_duplicates.py scores loopwatch on it.
 
 Loops:  rephrased searches whose results are mostly pages already listed (JSON lists, and
         markdown text with links); a page walked again over viewports already seen; a find

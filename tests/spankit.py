@@ -333,7 +333,7 @@ def canary_runs(c: Canaries) -> list[Run]:
     exception messages and stacktraces, LLM input/output messages and system instructions,
     plan arguments, OpenInference values, OpenLLMetry envelopes, kvlist values, root input
     and output, unrecognized span and resource attributes. Shared by the embedded
-    (tests/unit/test_privacy.py) and the worker (tests/integration/test_canary.py) canary
+    (tests/unit/spanpath/test_privacy.py) and the worker (tests/integration/test_canary.py) canary
     tests, both with budgets of 8 steps and 5000 tokens."""
     runs = []
 

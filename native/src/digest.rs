@@ -6,7 +6,7 @@
 //! surrogates, list, tuple, dict with str keys, nested at most MAX_NEST deep. Anything else
 //! (non-str keys, NaN, bytes, other types, deep nesting) answers None and the caller uses the
 //! Python implementation, so the odd cases (the repr() fallback, RecursionError) stay exact
-//! by construction; `tests/unit/test_native_digest.py` compares the plain ones.
+//! by construction; `tests/unit/native/test_digest.py` compares the plain ones.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};

@@ -1,7 +1,7 @@
 //! loopwatch_native: the compiled span path. Today: OTLP protobuf bytes and OTLP JSON bytes ->
 //! SpanRecord values, the same values and the same DecodeError messages as
 //! `streams/spanpath/otlp/proto.py` and `streams/spanpath/otlp/json_decode.py` (the references;
-//! `tests/unit/test_native.py` and `tests/unit/test_native_json.py` run both on the same
+//! `tests/unit/native/test_decode_proto.py` and `tests/unit/native/test_decode_json.py` run both on the same
 //! inputs). Both formats are parsed into the structures of `wire.rs` first.
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! The column writer of the worker's state format: `loopwatch_native.StateWriter`, the same
 //! methods and the same bytes as `ColumnWriter` in `streams/worker/state/packing.py` (the reference, and
-//! the fallback; `tests/unit/test_native_packing.py` runs both on the same values). The
+//! the fallback; `tests/unit/native/test_packing.py` runs both on the same values). The
 //! worker encodes a run's state on every batch that touches it: in Python that is one
 //! interpreted pass per column (about a hundred per state), here one typed loop.
 //!

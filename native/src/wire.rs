@@ -306,7 +306,7 @@ pub struct ResourceSpans<'a> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Messages (field numbers from opentelemetry-proto; `tests/unit/test_native.py` checks this
+// Messages (field numbers from opentelemetry-proto; `tests/unit/native/test_decode_proto.py` checks this
 // table against the installed descriptors)
 // ---------------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ its spans grouped by run out, as a `StepBatch`.
 Natively (loopwatch_native, streams/spanpath/native_spec.py) when the extension is built and takes
 the policy and the message; else decoded (streams/spanpath/otlp/) and normalized in Python
 (streams/spanpath/normalize.py), which stays the fallback and the oracle: the differential tests
-(tests/unit/test_native_normalize.py) hold the two equal. The replay, the worker's input
+(tests/unit/native/test_normalize.py) hold the two equal. The replay, the worker's input
 reader, the file reader and the benchmarks all come through here.
 """
 

@@ -50,7 +50,7 @@ class SpanRecord:
 @dataclass(slots=True)
 class StepBatch:
     """One export message's steps, whichever span path made them (native or Python, held
-    equal by tests/unit/test_native_normalize.py): steps by run (first-seen order), the
+    equal by tests/unit/native/test_normalize.py): steps by run (first-seen order), the
     invalid spans skipped and which (span id, trace id, exception name), the latest end of
     a valid step, the span count, and the end range of every span of the message (the
     replay merges sources by it)."""

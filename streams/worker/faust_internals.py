@@ -1,6 +1,6 @@
 """Every use of faust's (and, through it, aiokafka's) private internals, and the one patch,
 in one place. faust-streaming is pinned to >=0.15.2,<0.16 (pyproject.toml);
-tests/unit/test_faust_internals.py has a test for each behaviour relied on here, so an
+tests/unit/worker/test_faust_internals.py has a test for each behaviour relied on here, so an
 upgrade that changes one fails a test that names it, not the worker in production.
 
 | what | why there is no public way | |

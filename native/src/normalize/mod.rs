@@ -1,6 +1,6 @@
 //! The native normalizer: OTLP protobuf bytes -> steps grouped by run, the same steps as
 //! `group_steps(Normalizer(policy, fp), decode_proto(data))` (streams/spanpath/normalize.py is the
-//! reference; tests/unit/test_native_normalize.py compares the two).
+//! reference; tests/unit/native/test_normalize.py compares the two).
 //!
 //! The policy arrives once, as the JSON spec of streams/spanpath/native_spec.py. Regular expressions
 //! (transient message patterns, termination message patterns) are Python `re` patterns,

@@ -53,7 +53,7 @@ class Layout(NamedTuple):
 
 def new_writer() -> ColumnWriter:
     """The writer encode_state uses: loopwatch_native.StateWriter (the same methods and
-    bytes, compiled: tests/unit/test_native_packing.py) when the native path is active,
+    bytes, compiled: tests/unit/native/test_packing.py) when the native path is active,
     else `ColumnWriter`, the reference."""
     if _NATIVE_WRITER is None:
         return ColumnWriter()

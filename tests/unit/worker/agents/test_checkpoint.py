@@ -1,0 +1,118 @@
+"""The checkpoint (streams/worker/agents/checkpoint.py), the one writer of the worker's tables:
+counts, then states, the producer flushed before and between, and nothing written for
+partitions revoked meanwhile."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from alerts.metrics import Metrics
+from detectors.policy import policy_from_mapping
+from streams.worker.agents.checkpoint import Checkpoint, StateWriteError
+from streams.worker.agents.counting import Counting
+from streams.worker.agents.driver import RunDriver
+from streams.worker.state.store import Tables
+from streams.worker.state.window_keys import contribution_id, decode_count
+
+
+class Logged(dict):  # type: ignore[type-arg]
+    def __init__(self, name: str, log: list[str], fail: bool = False) -> None:
+        super().__init__()
+        self.name, self.log, self.fail = name, log, fail
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.fail:
+            raise OSError("IO error: No space left on device")
+        self.log.append(f"write {self.name}")
+        super().__setitem__(key, value)
+
+
+def checkpoint(log: list[str], on_flush: Any = None, fail: str | None = None) -> Checkpoint:
+    def table(name: str) -> Logged:
+        return Logged(name, log, fail == name)
+
+    tables = Tables(
+        table("runs"),
+        table("finished"),
+        table("loop_counts"),
+        table("run_counts"),
+        retained=table("retained"),
+        episodes=table("episodes"),
+        versions=table("versions"),
+        version_counts=table("version_counts"),
+        hold_counts=table("hold_counts"),
+    )
+    publisher = SimpleNamespace(generation=0)
+    skips = SimpleNamespace(ack_refetched=lambda records: log.append("ack refetched"))
+    driver = RunDriver(policy_from_mapping({}, "<test>"))
+    parts = SimpleNamespace(driver=driver, tables=tables, skips=skips, publisher=publisher)
+    counters = {"events": 0, "runs_finished": 0}
+    counting = Counting(Metrics(CollectorRegistry()), counters, tables)
+
+    async def flush_producer() -> None:
+        log.append("producer flushed")
+        if on_flush is not None:
+            on_flush(publisher)
+
+    return Checkpoint(parts, counting, flush_producer=flush_producer)  # type: ignore[arg-type]
+
+
+def stage(cp: Checkpoint) -> None:
+    """One batch's writes: a run state, a finished marker and a loop count, on partition 0."""
+    writes = cp.driver.store.writes
+    writes.put("runs", 0, b"run-1", b"state")
+    writes.put("finished", 0, b"run-0", b"[1,0]")
+    writes.count("loop_counts", 0, '["identical_repetition",0]', contribution_id("event", "e1"))
+    cp.stage(["event"], [], {0: "routing"}, cp.publisher.generation)
+
+
+async def test_counts_are_written_before_the_states_with_the_producer_flushed_between() -> None:
+    log: list[str] = []
+    cp = checkpoint(log)
+    stage(cp)
+    assert await cp.flush() == ["event"]
+    assert log == [
+        "producer flushed",  # the last flush's states are in the log before these counts
+        "write loop_counts",
+        "producer flushed",  # the counts are in the log before these states
+        "write runs",
+        "write finished",
+        "ack refetched",
+    ]
+    (value,) = cp.tables.loop_counts.values()
+    assert decode_count(value) == (1, [contribution_id("event", "e1")])
+    assert not cp.driver.store.writes
+
+
+@pytest.mark.parametrize("at", [1, 2])
+async def test_a_revocation_while_the_producer_flushes_writes_nothing_more(at: int) -> None:
+    log: list[str] = []
+    flushes = 0
+
+    def revoke_at(publisher: Any) -> None:
+        nonlocal flushes
+        flushes += 1
+        if flushes == at:
+            publisher.generation += 1
+
+    cp = checkpoint(log, revoke_at)
+    stage(cp)
+    assert await cp.flush() == []  # not acknowledged: the new owner redoes the records
+    written = [entry for entry in log if entry.startswith("write")]
+    # revoked before the counts: nothing; between: the counts, written while owned
+    assert written == ([] if at == 1 else ["write loop_counts"])
+    assert not cp.driver.store.writes and not cp.driver.cache
+
+
+async def test_a_failed_write_raises_and_drops_the_staged_writes() -> None:
+    log: list[str] = []
+    cp = checkpoint(log, fail="runs")
+    stage(cp)
+    with pytest.raises(StateWriteError, match="No space left"):
+        await cp.flush()
+    assert "ack refetched" not in log
+    assert not cp.driver.store.writes
