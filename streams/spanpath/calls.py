@@ -126,19 +126,3 @@ def last_input_message(attrs: dict[str, Any], raw: Any) -> Any:
             if len(index) < 10 and int(index) > last:
                 last, found = int(index), attrs[key]
     return found
-
-
-OUT_OF_STEPS = re.compile(r"(?i)need more steps to process this request")
-
-
-def last_message_text(output: Any) -> str | None:
-    """The content of the last message of an OpenInference LangGraph output.value."""
-    if not isinstance(output, str) or '"messages"' not in output:
-        return None
-    doc = as_json(output)
-    messages = doc.get("messages") if isinstance(doc, dict) else None
-    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
-        return None
-    data = messages[-1].get("data", messages[-1])
-    content = data.get("content") if isinstance(data, dict) else None
-    return content if isinstance(content, str) else None

@@ -23,13 +23,13 @@ from detectors.model import STEP_FIELDS, Step
 from detectors.policy import Policy, Similarity, ToolContract
 from detectors.recognition import Profile, Source
 from streams.spanpath import fallback, native
-from streams.spanpath.calls import OUT_OF_STEPS
 from streams.spanpath.limits import LIMIT_NAMES
 from streams.spanpath.normalize import TOOL_CALL_FINISH_REASONS
 from streams.spanpath.otlp.common import OTLP_JSON, OTLP_PROTO
 from streams.spanpath.otlp.json_decode import NATIVE_MAX_DEPTH, TRAILING_COMMA_MSGS
 from streams.spanpath.runkey import common_fields, run_keys
 from streams.spanpath.spans import StepBatch
+from streams.spanpath.termination import OUT_OF_STEPS
 
 NATIVE_OPS = frozenset({"trim", "lowercase", "collapse_whitespace"})
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from detectors.model import Step
 from detectors.recognition import Termination
-from streams.spanpath.calls import OUT_OF_STEPS, last_message_text
+from detectors.toolcall import as_json
 from streams.spanpath.spans import SpanRecord
 
 # loopwatch_guard's decision events (guard/loopwatch_guard/trace.py)
@@ -21,6 +21,23 @@ GUARD_CALL_ID = "loopwatch.guard.call_id"
 GUARD_HOLD_ID = "loopwatch.guard.hold_id"
 ENFORCED_DECISIONS = frozenset({"deny", "reconcile", "stop"})
 MAX_DENIED_CALLS = 8
+
+
+# the fixed text of an agent that ran out of steps (LangGraph's recursion limit)
+OUT_OF_STEPS = re.compile(r"(?i)need more steps to process this request")
+
+
+def last_message_text(output: Any) -> str | None:
+    """The content of the last message of an OpenInference LangGraph output.value."""
+    if not isinstance(output, str) or '"messages"' not in output:
+        return None
+    doc = as_json(output)
+    messages = doc.get("messages") if isinstance(doc, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return None
+    data = messages[-1].get("data", messages[-1])
+    content = data.get("content") if isinstance(data, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def denied_calls(span: SpanRecord) -> tuple[str, ...]:

@@ -67,7 +67,7 @@ impl SpanPath {
             if let Some(identity) = &c.identity {
                 merged = pick(&merged, identity);
             } else {
-                drop_attempt_args(&mut merged, c);
+                without_attempt_args(&mut merged, c);
             }
         }
         self.of_value(tool, &V::Dict(merged))
@@ -146,7 +146,7 @@ impl SpanPath {
 
 /// The arguments without the cursor and the idempotency key (contract.py
 /// `without_attempt_args`): neither defines the action.
-pub(super) fn drop_attempt_args(merged: &mut Vec<(Cow<'_, str>, V<'_>)>, c: &Contract) {
+pub(super) fn without_attempt_args(merged: &mut Vec<(Cow<'_, str>, V<'_>)>, c: &Contract) {
     for arg in [&c.cursor_arg, &c.idempotency_key_arg]
         .into_iter()
         .flatten()

@@ -1,6 +1,6 @@
 //! Similarity sketches (detectors/sketch.py states the rule; this is it byte for byte).
 
-use super::contract::{drop_attempt_args, pick};
+use super::contract::{pick, without_attempt_args};
 use super::*;
 
 const K: usize = 32; // hashes a sketch keeps (detectors/similarity.py K)
@@ -479,7 +479,7 @@ impl SpanPath {
                 None => {
                     let mut m = merged.clone();
                     if let Some(c) = contract {
-                        drop_attempt_args(&mut m, c);
+                        without_attempt_args(&mut m, c);
                     }
                     m
                 }
