@@ -9,10 +9,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from detectors.model import Step
-from detectors.recognition import Termination
+from detectors.model import AGENT, OTHER, Step
+from detectors.recognition import Profile, Termination
 from detectors.toolcall import as_json
+from streams.spanpath.limits import declared_limit
 from streams.spanpath.spans import SpanRecord
+from streams.spanpath.values import ident
+from streams.spanpath.view import Facts, View
 
 # loopwatch_guard's decision events (guard/loopwatch_guard/trace.py)
 GUARD_MODE = "loopwatch.guard.mode"
@@ -124,3 +127,28 @@ def termination_reason(
         if last is not None and OUT_OF_STEPS.search(last):
             reason = "turn_limit"
     return reason
+
+
+class Terminations(View):
+    """The Normalizer's root and agent steps: why they stopped, and a limit they declared."""
+
+    def _fill_termination(
+        self, step: Step, span: SpanRecord, v: dict[str, Any], profile: Profile, facts: Facts
+    ) -> None:
+        if step.kind == OTHER and not step.is_root:
+            return
+        if step.kind == OTHER:
+            step.kind = AGENT  # the root of a run: carries termination, not an action
+        step.name = step.agent_name or ident(span.name)
+        limit = declared_limit(span.attributes)
+        if limit is not None:
+            step.step_limit, step.limit_counts = limit.limit, limit.counts
+        # None: nothing said why; the pipeline decides at finalization (inferred from the run,
+        # or the default for a root that ended OK / failed), and says which in the summary.
+        step.termination = termination_reason(
+            step,
+            span,
+            v.get("error_type"),
+            profile.termination,
+            lambda: self._field(profile, "finish_reason", facts),
+        )
