@@ -49,15 +49,16 @@ def record_sizes(total_spans: int) -> dict[str, Any]:
     runs: dict[bytes, bytes] = {}
     finished: dict[bytes, bytes] = {}
     retained: dict[bytes, bytes] = {}
+    driver.bind(runs, finished, retained)
     now = time.time_ns()
     for message in export_messages(total_spans, seed=5):
         by_run, _invalid, _n = group_steps(normalizer, decode_record(message, "otlp_proto", "b"))
         for run_id, steps in by_run.items():
-            driver.process_run(runs, finished, 0, run_id, [(steps, None)], now, retained)
-        driver.apply_writes(runs, finished, retained)
+            driver.process_run(0, run_id, [(steps, None)], now)
+        driver.apply_writes()
     now += 3600 * NS  # everything finalizes
-    driver.tick(runs, finished, 0, now, retained)
-    driver.apply_writes(runs, finished, retained)
+    driver.tick(0, now)
+    driver.apply_writes()
     looping = [v for v in retained.values() if decode(v).get("events")]
     clean = [v for v in retained.values() if not decode(v).get("events")]
     return {

@@ -124,6 +124,7 @@ class Worker:
             links=s.trace_links,
             retention=s.retention,
         )
+        self.driver.bind(tables.runs, tables.finished, tables.retained, tables.episodes)
         if tables.scan is not None:
             self.driver.store.scan = tables.scan
         # Unkeyed input: deadlines wait for the group's progress through every input

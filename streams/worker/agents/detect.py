@@ -219,20 +219,11 @@ class Detect:
         dead: list[Sent],
     ) -> list[tuple[int, Outputs]]:
         """Detection (pure; the table writes stay pending in the driver)."""
-        runs, finished = self.tables.runs, self.tables.finished
         outputs: list[tuple[int, Outputs]] = []
         for (partition, run_id), items in groups.items():
             try:
-                out = self.driver.process_run(
-                    runs,
-                    finished,
-                    partition,
-                    run_id,
-                    [(steps, clock) for _, steps, clock in items],
-                    time.time_ns(),
-                    self.tables.retained,
-                    self.tables.episodes,
-                )
+                batches = [(steps, clock) for _, steps, clock in items]
+                out = self.driver.process_run(partition, run_id, batches, time.time_ns())
             except Exception as exc:
                 for ev, _, _ in items:
                     what = f"detect (run {run_id})"
@@ -254,9 +245,7 @@ class Detect:
             # send (and committed, advancing the clock) may still be queued behind the tick.
             now_ns = self.clock.now_ns() if sent_at is None else sent_at
             try:
-                out = self.driver.tick(
-                    runs, finished, partition, now_ns, self.tables.retained, self.tables.episodes
-                )
+                out = self.driver.tick(partition, now_ns)
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue

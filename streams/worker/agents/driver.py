@@ -190,22 +190,27 @@ class RunDriver:
 
     # ------------------------------------------------------------------ processing
 
-    def process_run(
+    def bind(
         self,
         runs: Table,
         finished: Table,
+        retained: Table | None = None,
+        episodes: Table | None = None,
+    ) -> None:
+        """The tables the store reads (once: the worker's, or a test's dicts)."""
+        self.store.bind(runs, finished, retained, episodes)
+
+    def process_run(
+        self,
         partition: int,
         run_id: str,
         batches: list[tuple[list[Step], int | None]],
         now_ns: int,
-        retained: Table | None = None,
-        episodes: Table | None = None,
     ) -> Outputs:
         """Steps of one run, from one or more messages in arrival order, each with the
         input clock it was sent at (RunLoop.apply); one state write, pending until
         `take_writes`."""
         out = Outputs()
-        self.store.bind(runs, finished, retained, episodes)
         self.loop.apply(partition, run_id, batches, now_ns, out)
         calls = (
             retained_records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
@@ -215,19 +220,10 @@ class RunDriver:
         self.retain(partition, out, now_ns, {run_id: calls} if calls else None)
         return out
 
-    def tick(
-        self,
-        runs: Table,
-        finished: Table,
-        partition: int,
-        now_ns: int,
-        retained: Table | None = None,
-        episodes: Table | None = None,
-    ) -> Outputs:
+    def tick(self, partition: int, now_ns: int) -> Outputs:
         """Due releases, finalizations, evictions and marker expiry of one partition, and
         (once every SWEEP_SECONDS) a slice of its expired retained records and episodes."""
         out = Outputs()
-        self.store.bind(runs, finished, retained, episodes)
         self.loop.due(partition, now_ns, out)
         self.retain(partition, out, now_ns)
         self.store.expire_finished(partition, now_ns - self.finished_ttl_ns)
@@ -309,13 +305,6 @@ class RunDriver:
     def discard_writes(self) -> None:
         self.store.discard_writes()
 
-    def apply_writes(
-        self,
-        runs: Table,
-        finished: Table,
-        retained: Table | None = None,
-        episodes: Table | None = None,
-    ) -> int:
+    def apply_writes(self) -> int:
         """take_writes + apply, for plain mappings (tests, tools)."""
-        self.store.bind(runs, finished, retained, episodes)
         return self.store.apply_writes()

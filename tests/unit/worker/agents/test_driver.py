@@ -58,6 +58,8 @@ class FakeWorker:
         self.runs: dict[bytes, bytes] = {}
         self.finished: dict[bytes, bytes] = {}
         self.retained: dict[bytes, bytes] = {}
+        self.episodes: dict[bytes, bytes] = {}
+        self.driver.bind(self.runs, self.finished, self.retained, self.episodes)
         self.partitions = partitions
         self.now = T0
         self.events: list[dict[str, Any]] = []
@@ -82,26 +84,16 @@ class FakeWorker:
         # over the wire and back, like the internal topic
         for run_id, steps in decode_run_groups(encode_run_groups(by_run.items())):
             p = key_partition(run_id.encode(), self.partitions)
-            self.collect(
-                self.driver.process_run(
-                    self.runs,
-                    self.finished,
-                    p,
-                    run_id,
-                    [(steps, self.clock)],
-                    self.now,
-                    self.retained,
-                )
-            )
-        self.driver.apply_writes(self.runs, self.finished, self.retained)  # after the outputs
+            self.collect(self.driver.process_run(p, run_id, [(steps, self.clock)], self.now))
+        self.driver.apply_writes()  # after the outputs
 
     def advance(self, seconds: float, clock_lag: float = 0.0) -> None:
         """Wall time moves on, then a tick, its clock `clock_lag` s behind (the input clock)."""
         self.now += int(seconds * NS)
         clock = self.now - int(clock_lag * NS)
         for p in sorted(self.driver.due_partitions(clock)):
-            self.collect(self.driver.tick(self.runs, self.finished, p, clock, self.retained))
-        self.driver.apply_writes(self.runs, self.finished, self.retained)
+            self.collect(self.driver.tick(p, clock))
+        self.driver.apply_writes()
 
 
 # Run facts an event takes from the run's spans as they were when it fired: the stream may
@@ -388,6 +380,7 @@ def test_rebuild_after_rebalance_restarts_the_clocks() -> None:
     # a new worker (restart) finds the tables 100 s later
     fresh = FakeWorker(policy)
     fresh.runs, fresh.finished, fresh.now = worker.runs, worker.finished, worker.now + 100 * NS
+    fresh.driver.bind(fresh.runs, fresh.finished)  # the restarted worker's restored tables
     fresh.driver.rebuild(fresh.runs.items(), fresh.finished.items(), None, fresh.now)
     assert len(fresh.driver.index) == 1
     fresh.advance(4.9)  # downtime did not count
@@ -438,8 +431,6 @@ def test_table_writes_wait_for_the_outputs_and_reads_see_them() -> None:
     worker = FakeWorker(policy, cache_size=0)  # no cache: reads go to the overlay or table
     key = run.trace_id.encode()
     out = worker.driver.process_run(
-        worker.runs,
-        worker.finished,
         0,
         run.trace_id,
         [([worker.normalizer.step(s) for s in run.spans], None)],
@@ -448,7 +439,7 @@ def test_table_writes_wait_for_the_outputs_and_reads_see_them() -> None:
     assert [e["shape"] for e in out.events] == ["identical_repetition"]
     assert worker.runs == {}  # nothing written before the caller published the event
     worker.now += 2 * NS
-    out = worker.driver.tick(worker.runs, worker.finished, 0, worker.now)  # same batch
+    out = worker.driver.tick(0, worker.now)  # same batch
     assert [s["outcome"] for s in out.summaries] == ["complete"]  # read the pending state
     writes = worker.driver.take_writes().rows()
     assert sorted((t, k, v is None) for t, _p, k, v in writes) == [
@@ -633,8 +624,8 @@ def test_any_split_over_input_partitions_gives_the_replays_events(n: int, seed: 
 
     def tick(clock: int) -> None:
         for part in sorted(driver.due_partitions(clock)):
-            worker.collect(driver.tick(worker.runs, worker.finished, part, clock))
-        driver.apply_writes(worker.runs, worker.finished)
+            worker.collect(driver.tick(part, clock))
+        driver.apply_writes()
 
     while any(queues):
         worker.now += rng.randint(50, 400) * 1_000_000  # 50-400 ms of wall time
@@ -846,7 +837,6 @@ def test_every_loop_episode_is_listed_by_time_and_swept_after_the_retention() ->
         return sorted(table.items(), reverse=True)
 
     worker = retaining_worker(looping_h=2, clean_h=1)
-    worker.episodes: dict[bytes, bytes] = {}
     driver = worker.driver
     runs = []
     for trace in (101, 102, 103):
@@ -858,27 +848,12 @@ def test_every_loop_episode_is_listed_by_time_and_swept_after_the_retention() ->
     for run in runs:
         worker.now += NS  # listed in this order
         for p_, steps in _groups(worker, encode_request(run.spans)):
-            worker.collect(
-                driver.process_run(
-                    worker.runs,
-                    worker.finished,
-                    p_,
-                    run.trace_id,
-                    [(steps, None)],
-                    worker.now,
-                    worker.retained,
-                    worker.episodes,
-                )
-            )
-        driver.apply_writes(worker.runs, worker.finished, worker.retained, worker.episodes)
+            worker.collect(driver.process_run(p_, run.trace_id, [(steps, None)], worker.now))
+        driver.apply_writes()
     for p_ in range(worker.partitions):
         worker.now += 10 * NS
-        worker.collect(
-            driver.tick(
-                worker.runs, worker.finished, p_, worker.now, worker.retained, worker.episodes
-            )
-        )
-    driver.apply_writes(worker.runs, worker.finished, worker.retained, worker.episodes)
+        worker.collect(driver.tick(p_, worker.now))
+    driver.apply_writes()
     assert len(worker.episodes) == len(worker.events) == 3
     rows = recent_episodes(
         range(4), worker.episodes, worker.retained, newest, 0, {"prompt_version": "support-v12"}
@@ -894,7 +869,7 @@ def test_every_loop_episode_is_listed_by_time_and_swept_after_the_retention() ->
     )
     # two hours on, a sweep deletes them (the oldest keys first)
     deleted = driver.store.sweep_episodes(0, worker.now + 3 * 3600 * NS, 100)
-    driver.apply_writes(worker.runs, worker.finished, worker.retained, worker.episodes)
+    driver.apply_writes()
     assert deleted == 3 and worker.episodes == {}
 
 
