@@ -8,6 +8,8 @@
 #                                              2 broker restarts; rebalance join/leave
 #   tests/integration/test_malformed_stream.py 30k malformed records among ~40k good spans
 #   tests/integration/test_canary.py           canaries in every output, API security
+#   tests/integration/test_crash_counts.py     7 SIGKILLs between counting and the commit,
+#                                              then the API's counts against the replay
 #
 # Environment: LOOPWATCH_CHAOS_SEED=<int> replays a chaos schedule (the seed in use is
 # printed); LOOPWATCH_CHAOS_LONG=0 runs the short CI variants instead. The broker is
@@ -27,6 +29,7 @@ rc=0
 "$PY" -m pytest -p no:cacheprovider -s -ra --durations=0 \
   tests/integration/test_chaos.py \
   tests/integration/test_malformed_stream.py \
-  tests/integration/test_canary.py "$@" || rc=$?
+  tests/integration/test_canary.py \
+  tests/integration/test_crash_counts.py "$@" || rc=$?
 scripts/kafka.sh start >/dev/null  # whatever happened, leave the broker running
 exit "$rc"

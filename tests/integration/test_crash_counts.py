@@ -25,15 +25,21 @@ import pytest
 
 from tests.integration.test_chaos import check_against_replay, collect
 from tests.integration.test_faults import FAILPOINTS, fault_worker, split
-from tests.integration.worker_support import Oracle, rooted_corpus
+from tests.integration.worker_support import LONG, Oracle, rooted_corpus
 from tests.support.kafka import create_topics, require_broker
 from tests.support.worker_proc import REPO, WorkerProc
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 4
-# the failpoint of each start (None: the last, which runs to the end)
-KILLS = ("counts:1", "states:1", "counts:2", None)
+# the failpoint of each start (None: the last, which runs to the end); `make chaos` (LONG):
+# twice as many corpus parts, 7 kills
+KILLS = (
+    ("counts:1", "states:1", "counts:2", "states:2", "counts:1", "counts:3", "states:1", None)
+    if LONG
+    else ("counts:1", "states:1", "counts:2", None)
+)
+SPANS = 40_000 if LONG else 16_000
 
 
 def total(doc: dict[str, Any], value: str) -> int:
@@ -52,7 +58,7 @@ def answers(worker: WorkerProc) -> dict[str, Any]:
 
 def test_counts_after_sigkill_between_counting_and_the_commit(tmp_path: Path) -> None:
     require_broker()
-    want = Oracle.of([rooted_corpus(16_000, seed=2031)])
+    want = Oracle.of([rooted_corpus(SPANS, seed=2031)])
     assert len(want.event_ids) >= 5 and len(want.runs) >= 200
     worker = fault_worker(
         tmp_path,
