@@ -5,17 +5,17 @@ Topology (docs/CONTRACTS.md §1, §6; docs/ARCHITECTURE.md "The flow")::
 
     otlp_spans ──ingest──▶ loopwatch-steps ──detect──▶ loop_detected (key run_id)
       (raw OTLP batches)   steps by run id     │       loop_runs     (key run_id)
-          │                                    └─ tables runs, finished, loop_counts,
-          └─ undecodable ─▶ loopwatch-dead-letters     run_counts (changelogs)
+          │                                    └─ tables runs, finished, retained,
+          └─ undecodable ─▶ loopwatch-dead-letters     episodes, versions and the counts
                             (digest + headers)
 
-The parts, one concern each (streams/worker/): formats.py (internal topic messages),
-store.py + codec.py + packing.py + unpacking.py (table values), driver.py (`RunDriver`: the run loop of
-streams/runloop/loop.py over the tables), delivery.py (`Publisher`), dead_letters.py,
-skips.py (records the stream skipped), clock.py (the deadline / input clock), ingest.py,
-detect.py, timers.py (one per agent), api.py + views.py (the on-call API), broker.py (the
-broker's state), statedir.py (the data directory), faust_internals.py (faust's private internals, one door), and
-faust_app.py (the app, topics, tables, agents and timers).
+The parts, one concern each (streams/worker/; docs/ARCHITECTURE.md "The parts"): agents/
+(decode, ingest and detect, the steps they run in order: publish, counting, checkpoint;
+the driver over runloop/loop.py, timers, the deadline clock, dead letters, the steps
+topic's messages, `Parts`), state/ (the tables and their formats), kafka/ (topics,
+delivery, broker state, input clock, records the stream skipped), api/ (the on-call API),
+faust_internals.py (faust's private internals, one door) and faust_app.py (the app,
+topics, tables, agents and timers).
 
 Time: a run's clock is its event time (``max_end_ns`` of its spans) advanced by the
 wall-clock time since its last span arrived; deadlines live in an in-memory index rebuilt

@@ -1,2 +1,3 @@
 """The on-call HTTP API: its query parameters, one contract with `loopwatch query`
-(`params.py`), the windowed count tables' keys (`keys.py`), and the routes (`views.py`)."""
+(`params.py`), the answers (`answers.py`, `versions.py`: pure), the routes (`views.py`
+`ROUTES`) and the holds' routes (`holds.py`)."""
