@@ -82,6 +82,34 @@ COUNTERS = (
 )
 
 
+def run_driver(s: WorkerSettings, policy: Policy, tables: Tables) -> RunDriver:
+    """The run loop over the worker's tables, with its bounds and retention."""
+    driver = RunDriver(
+        policy,
+        finished_ttl_seconds=s.finished_ttl_seconds,
+        max_active_runs=s.max_active_runs,
+        tick_seconds=s.tick_seconds,
+        cache_size=s.state_cache_size,
+        links=s.trace_links,
+        retention=s.retention,
+    )
+    driver.bind(tables.runs, tables.finished, tables.retained, tables.episodes)
+    if tables.scan is not None:
+        driver.store.scan = tables.scan
+    return driver
+
+
+def deadline_clock(s: WorkerSettings) -> DeadlineClock:
+    """Unkeyed input: deadlines wait for the group's progress through every input partition
+    (streams/worker/kafka/input_clock.py); keyed input keeps a trace on one partition."""
+    unkeyed = s.input_clock and not s.input_keyed_by_run
+    return DeadlineClock(
+        InputClock(time.time_ns()) if unkeyed else None,
+        s.input_clock_max_lag_seconds,
+        lambda: KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic),
+    )
+
+
 class Worker:
     """The worker's parts wired over the given topics and tables (faust's in the service,
     fakes in tests): ingest, detect, timers, and what they share."""
@@ -115,25 +143,8 @@ class Worker:
         self.ready = False
         self.store_memory: Callable[[], dict[str, int]] = dict  # rocksdb: set by the service
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.driver = RunDriver(
-            policy,
-            finished_ttl_seconds=s.finished_ttl_seconds,
-            max_active_runs=s.max_active_runs,
-            tick_seconds=s.tick_seconds,
-            cache_size=s.state_cache_size,
-            links=s.trace_links,
-            retention=s.retention,
-        )
-        self.driver.bind(tables.runs, tables.finished, tables.retained, tables.episodes)
-        if tables.scan is not None:
-            self.driver.store.scan = tables.scan
-        # Unkeyed input: deadlines wait for the group's progress through every input
-        # partition (streams/worker/kafka/input_clock.py); keyed input keeps a trace on one partition.
-        self.clock = DeadlineClock(
-            InputClock(time.time_ns()) if s.input_clock and not self.keyed else None,
-            s.input_clock_max_lag_seconds,
-            lambda: KafkaInputProbe(s.bootstrap, s.app_id, s.input_topic),
-        )
+        self.driver = run_driver(s, policy, tables)
+        self.clock = deadline_clock(s)
         self.broker = BrokerLink(metrics, reminder_seconds=s.broker_reminder_seconds)
         self.broker_probe: Any = None  # MetadataProbe, made by the first probe
         self.state_dir_error: str | None = None
@@ -148,28 +159,46 @@ class Worker:
             stopping,
             on_failure=lambda what: self.broker.failure("delivery", what),
         )
-        self.dead_letters = DeadLetters(
-            topics["dead"], self.publisher, metrics, self.counters, s.dlq_capture_payload
+        self.parts = self._parts(consumer, refetcher)
+        self._agents(detect_partitions, assigned, flush_producer or nothing_to_flush)
+
+    def _parts(self, consumer: Callable[[], Any], refetcher: Callable[[str], Any] | None) -> Parts:
+        """What the agents share: dead letters, the skip guard and the input decoder on top
+        of the tables, the driver, the clock and the publisher."""
+        s, counters = self.settings, self.counters
+        dead_letters = DeadLetters(
+            self.topics["dead"], self.publisher, self.metrics, counters, s.dlq_capture_payload
         )
         if refetcher is None:
-            self.skips = SkipGuard.for_broker(s.bootstrap, consumer, self.counters)
+            skips = SkipGuard.for_broker(s.bootstrap, consumer, counters)
         else:
-            self.skips = SkipGuard(consumer, self.counters, refetcher)
-        self.reader = InputDecoder(
-            normalizer, s.input_encoding, self.dead_letters, metrics, self.counters
+            skips = SkipGuard(consumer, counters, refetcher)
+        reader = InputDecoder(
+            self.normalizer, s.input_encoding, dead_letters, self.metrics, counters
         )
-        self.parts = parts = Parts(
-            metrics,
-            self.counters,
-            tables,
+        self.dead_letters, self.skips, self.reader = dead_letters, skips, reader
+        return Parts(
+            self.metrics,
+            counters,
+            self.tables,
             self.driver,
             self.clock,
             self.publisher,
-            self.dead_letters,
-            self.skips,
-            self.reader,
-            topics,
+            dead_letters,
+            skips,
+            reader,
+            self.topics,
         )
+
+    def _agents(
+        self,
+        detect_partitions: int,
+        assigned: Callable[[], set[int]],
+        flush_producer: Callable[[], Awaitable[None]],
+    ) -> None:
+        """The ingest agent, the timers, and the detect agent with its counting and
+        checkpoint."""
+        s, parts = self.settings, self.parts
         self.ingest = Ingest(parts, detect_partitions, s.steps_grouping)
         self.timers = Timers(
             parts,
@@ -177,11 +206,11 @@ class Worker:
             assigned=assigned,
             lag_sources={s.input_topic, s.steps_topic},
         )
-        self.counting = Counting(metrics, self.counters, tables)
+        self.counting = Counting(self.metrics, self.counters, self.tables)
         checkpoint = Checkpoint(
             parts,
             self.counting,
-            flush_producer=flush_producer or nothing_to_flush,
+            flush_producer=flush_producer,
             flush_seconds=s.state_flush_ms / 1000,
         )
         self.detect = Detect(

@@ -28,7 +28,10 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from alerts.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ class BrokerLink:
 
     def __init__(
         self,
-        metrics: Any = None,
+        metrics: Metrics | None = None,
         *,
         reminder_seconds: float = REMINDER_SECONDS,
         degraded_seconds: float = DEGRADED_SECONDS,
