@@ -292,14 +292,8 @@ class TableStore:
     def apply_writes(self) -> int:
         """take_writes + apply of the value writes, for plain mappings (tests, tools)."""
         rows = self.take_writes().rows()
-        tables = {
-            "runs": self.runs,
-            "finished": self.finished,
-            "retained": self.retained,
-            "episodes": self.episodes,
-        }
         for table, _p, key, value in rows:
-            target = tables[table]
+            target: Table = getattr(self, table)  # VALUE_TABLES are this store's attributes
             if value is None:
                 target.pop(key, None)
             else:
