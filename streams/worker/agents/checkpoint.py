@@ -24,12 +24,15 @@ processed again from their committed offsets by the partition's next owner.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streams.worker.agents.counting import Counting
 from streams.worker.agents.parts import Parts
+
+log = logging.getLogger(__name__)
 
 
 class StateWriteError(Exception):
@@ -112,20 +115,19 @@ class Checkpoint:
             self.driver.discard_writes()
             return []
         writes = self.driver.take_writes()
-        tables = self.tables
-        publisher = self.publisher
+        # the last flush's states in the log before these counts: a crash from here on
+        # redoes only the batches below, whose ids the counts then refuse
+        if not await self.producer_flushed(generation):
+            return []  # nothing written: the records are redone (by the new owner)
         try:
-            # the last flush's states in the log before these counts: a crash from here on
-            # redoes only the batches below, whose ids the counts then refuse
-            await self.flush_producer()
-            if generation != publisher.generation:
-                self.driver.discard_writes()
-                return []  # revoked meanwhile: nothing written, the new owner redoes them
             self.counting.write(writes, routing)
-            await self.flush_producer()
-            if generation != publisher.generation:
-                self.driver.discard_writes()
-                return []  # counts written while owned; the new owner refuses their ids
+        except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
+            self.driver.discard_writes()
+            raise write_error(exc) from exc
+        if not await self.producer_flushed(generation):
+            return []  # counts written while owned: a redo's ids are refused
+        tables = self.tables
+        try:
             for table, partition, key, value in writes.rows():
                 target = tables.named(table)
                 with tables.in_event(routing[partition]):
@@ -133,8 +135,24 @@ class Checkpoint:
                         target.pop(key, None)
                     else:
                         target[key] = value
-        except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
+        except Exception as exc:
             self.driver.discard_writes()
             raise write_error(exc) from exc
         self.skips.ack_refetched(refetched)
         return events
+
+    async def producer_flushed(self, generation: int) -> bool:
+        """Wait until every table write sent so far is in its changelog. False (and the
+        staged writes dropped, the records left unacknowledged) when the partitions were
+        revoked meanwhile or the producer cannot flush (it is stopping): not a table
+        write failure, so the worker does not halt for it."""
+        try:
+            await self.flush_producer()
+        except Exception as exc:  # faust: "Cannot flush: Producer not Running" at a stop
+            log.warning("checkpoint: the producer did not flush (%s): the batches are redone", exc)
+            self.driver.discard_writes()
+            return False
+        if generation != self.publisher.generation:
+            self.driver.discard_writes()
+            return False
+        return True

@@ -116,3 +116,19 @@ async def test_a_failed_write_raises_and_drops_the_staged_writes() -> None:
         await cp.flush()
     assert "ack refetched" not in log
     assert not cp.driver.store.writes
+
+
+async def test_a_producer_that_cannot_flush_drops_the_batch_without_halting_the_worker() -> None:
+    """At a stop faust's producer refuses to flush ("Cannot flush: Producer not Running"):
+    the batches are redone after the restart, and it is not a table write failure (which
+    would stop the worker with exit status 3)."""
+    log: list[str] = []
+
+    def stopping(publisher: Any) -> None:
+        raise RuntimeError("Cannot flush: Producer not Running")
+
+    cp = checkpoint(log, stopping)
+    stage(cp)
+    assert await cp.flush() == []
+    assert not [entry for entry in log if entry.startswith("write")]
+    assert cp.failed is None and not cp.driver.store.writes
