@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from detectors.holds import DENIED, EXECUTED, RUNS, HeldCall
-from detectors.versions import LOOPING, History, Seen, Slice, run_measures, seen_of, slices_of
+from detectors.versions import LOOPING, History, Slice, run_measures, seen_of, slices_of
 from streams.runloop.loop import loops_counted
 from streams.worker.agents.driver import Outputs
 from streams.worker.state import versions as version_records
@@ -103,13 +103,13 @@ class Counting:
                 done = self.done.get(partition, ())
                 with tables.in_event(events_of[partition]):
                     table[label_key] = added_once(table.get(label_key), adds, done)
-        for raw_key, (partition, sightings) in writes.sightings.items():
+        for (partition, key), sightings in writes.sightings.items():
+            raw_key = version_records.version_key(key, partition)
             done = self.done.get(partition, ())
             with tables.in_event(events_of[partition]):
                 old = tables.versions.get(raw_key)
                 tables.versions[raw_key] = version_records.merged(old, sightings, done)
-        known = self.known_versions
-        if any(version_records.parse_key(k) not in known for k in writes.sightings):
+        if any(key not in self.known_versions for _p, key in writes.sightings):
             self.export_version_history()
 
     def recover(self, partitions: set[int]) -> None:
@@ -138,8 +138,7 @@ class Counting:
             for name, n in measures.items():
                 label_key = aggregate_key([*labels, name], partition)
                 writes.count("version_counts", partition, label_key, cid, n)
-            seen = Seen(sighting.first_ns, sighting.last_ns, 1)
-            writes.sight(partition, version_records.version_key(key, partition), cid, seen)
+            writes.sight(partition, key, cid, sighting)  # merged() copies, never changes it
 
     def export_version_history(self) -> None:
         """loopwatch_version_info from this worker's partitions' records: rebuilt when a

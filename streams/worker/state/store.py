@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.state import RunState
-from detectors.versions import Seen
+from detectors.versions import Seen, Slice
 from streams.runloop.deadlines import FinishedIndex
 from streams.runloop.loop import Envelope
 from streams.worker.state.codec import decode_state, encode_state
@@ -117,13 +117,13 @@ class Writes:
     """Every table write staged since the last flush, in one buffer.
 
     `values`: table -> key -> (partition, value; None deletes), the last one wins. `counts`:
-    windowed table -> (partition, label key) -> {contribution id: n}; `sightings`: versions
-    key -> (partition, {contribution id: Seen}). Counts are added once
+    windowed table -> (partition, label key) -> {contribution id: n}; `sightings`:
+    (partition, version slice) -> {contribution id: Seen}. Counts are added once
     (streams/worker/state/window_keys.py): a contribution staged twice is one."""
 
     values: dict[str, dict[bytes, tuple[int, bytes | None]]] = field(default_factory=dict)
     counts: dict[str, dict[tuple[int, str], dict[int, int]]] = field(default_factory=dict)
-    sightings: dict[bytes, tuple[int, dict[int, Seen]]] = field(default_factory=dict)
+    sightings: dict[tuple[int, Slice], dict[int, Seen]] = field(default_factory=dict)
 
     def put(self, table: str, partition: int, key: bytes, value: bytes | None) -> None:
         self.values.setdefault(table, {})[key] = (partition, value)
@@ -138,8 +138,8 @@ class Writes:
     def count(self, table: str, partition: int, label_key: str, cid: int, n: int = 1) -> None:
         self.counts.setdefault(table, {}).setdefault((partition, label_key), {})[cid] = n
 
-    def sight(self, partition: int, key: bytes, cid: int, seen: Seen) -> None:
-        self.sightings.setdefault(key, (partition, {}))[1][cid] = seen
+    def sight(self, partition: int, key: Slice, cid: int, seen: Seen) -> None:
+        self.sightings.setdefault((partition, key), {})[cid] = seen
 
     def rows(self) -> list[Row]:
         """The value writes, table by table in VALUE_TABLES order."""

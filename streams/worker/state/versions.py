@@ -13,7 +13,7 @@ it is compacted, never windowed, so a version's first sighting outlives the 24 h
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from detectors.versions import History, Seen, Slice
@@ -54,18 +54,19 @@ def parse_key(raw: Any) -> Slice | None:
         return None
 
 
-def merged(old: Any, sightings: Mapping[int, Seen], done: Iterable[int] = ()) -> bytes:
+def merged(old: Any, sightings: Mapping[int, Seen], done: Container[int] = ()) -> bytes:
     """The stored record `old` (bytes or None) with `sightings` ({run's contribution id: its
     sighting}) added, except those its last write added and those in `done` (added before
     a crash). The record keeps the ids of all of `sightings`: a redo of this write adds
     nothing again."""
     record = decode_record(old) if old is not None else None
     have, last = record if record is not None else (None, [])
-    skip = set(last).union(done)
+    last_write = set(last)
     for cid, seen in sightings.items():
+        counted = cid in last_write or cid in done
         if have is None:
-            have = Seen(seen.first_ns, seen.last_ns, 0 if cid in skip else seen.runs)
-        elif cid not in skip:
+            have = Seen(seen.first_ns, seen.last_ns, 0 if counted else seen.runs)
+        elif not counted:
             have.merge(seen)
     if have is None:
         raise ValueError("no sighting to record")
@@ -81,6 +82,8 @@ def last_ids(items: Iterable[tuple[Any, Any]], partitions: set[int]) -> dict[int
             partition = json.loads(bytes(raw_key))[-1]
         except (TypeError, ValueError, IndexError):
             continue
+        if type(partition) is not int:
+            continue  # not a key version_key wrote
         if partition in out and (record := decode_record(raw_value)) is not None:
             out[partition].update(record[1])
     return out

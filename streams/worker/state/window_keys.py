@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from typing import Any
 
 
@@ -57,7 +57,7 @@ def decode_count(value: Any) -> tuple[int, list[int]]:
     return n, list(ids)
 
 
-def added_once(value: Any, adds: Mapping[int, int], done: Iterable[int] = ()) -> list[Any]:
+def added_once(value: Any, adds: Mapping[int, int], done: Container[int] = ()) -> list[Any]:
     """The stored count `value` with `adds` ({contribution id: n}) added, except the ids its
     last write already added and those in `done` (added before a crash, per `last_ids`).
     The record keeps the ids of all of `adds`: a redo of this write adds nothing again. An
@@ -66,30 +66,35 @@ def added_once(value: Any, adds: Mapping[int, int], done: Iterable[int] = ()) ->
         n, last = decode_count(value)
     except (TypeError, ValueError):
         n, last = 0, []
-    skip = set(last).union(done)
-    return [n + sum(k for cid, k in adds.items() if cid not in skip), sorted(adds)]
+    last_write = set(last)
+    fresh = (k for cid, k in adds.items() if cid not in last_write and cid not in done)
+    return [n + sum(fresh), sorted(adds)]
 
 
 def last_ids(items: Iterable[tuple[Any, Any]], partitions: set[int]) -> dict[int, set[int]]:
     """Per partition of `partitions`, the ids of the latest window's record of each of its
     label keys: what was counted by the last write of each before a crash or a rebalance
-    (the ids a redone batch may bring again, whatever window it lands in now). One pass."""
-    latest: dict[str, tuple[float, int, list[int]]] = {}
+    (the ids a redone batch may bring again, whatever window it lands in now). One pass;
+    a label key is parsed once, and only each label's latest record is decoded."""
+    latest: dict[str, tuple[float, int, Any]] = {}  # label key -> (window end, partition, value)
     for key, value in items:
         try:
             label_key, window = key if isinstance(key, (list, tuple)) else (key, (0, 0))
-            partition = json.loads(label_key)[-1]
-            if partition not in partitions:
-                continue
             end = float(window[1])
             have = latest.get(label_key)
             if have is not None and end < have[0]:
                 continue
-            _n, ids = decode_count(value)
+            partition = have[1] if have is not None else json.loads(label_key)[-1]
         except (TypeError, ValueError, IndexError):
             continue
-        latest[label_key] = (end, partition, ids)
+        if type(partition) is not int:
+            continue  # not a key aggregate_key wrote
+        latest[label_key] = (end, partition, value)
     out: dict[int, set[int]] = {p: set() for p in partitions}
-    for _end, partition, ids in latest.values():
-        out[partition].update(ids)
+    for _end, partition, value in latest.values():
+        if partition in out:
+            try:
+                out[partition].update(decode_count(value)[1])
+            except (TypeError, ValueError):
+                continue
     return out
