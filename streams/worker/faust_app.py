@@ -107,7 +107,8 @@ class CurrentWindow:
             WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS)
         ).relative_to(_wall_clock)
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str) -> Any:
+        """The current window's value (faust's default, 0, when there is none)."""
         return self.windows[key].value()
 
     def __setitem__(self, key: str, value: Any) -> None:

@@ -225,8 +225,8 @@ class Detect:
                 batches = [(steps, clock) for _, steps, clock in items]
                 out = self.driver.process_run(partition, run_id, batches, time.time_ns())
             except Exception as exc:
+                what = f"detect (run {run_id})"
                 for ev, _, _ in items:
-                    what = f"detect (run {run_id})"
                     dead.append(await self.dead_letters.internal_error(ev.message, exc, what))
                 continue
             outputs.append((partition, out))
