@@ -38,6 +38,7 @@ class DeadlineClock:
         self._probe: Any = None
         self.probe_ok_ns = time.time_ns()
         self._max_lag_warned_ns = 0
+        self.on_advance: Callable[[], None] | None = None  # the timers' tick sender
 
     def now_ns(self) -> int:
         """Now, for run deadlines: the wall clock, held back to the input clock while the
@@ -59,6 +60,14 @@ class DeadlineClock:
             return floor
         return min(now, self.input.now_ns)
 
+    def delivered(self, partition: int, first: int, end: int) -> None:
+        """Ingest delivered the steps of input records `first` .. `end` - 1 of `partition`
+        (streams/worker/kafka/input_clock.py): when that advances the input clock, ticks go
+        out at once (`on_advance`) rather than at the next timer."""
+        if self.input is not None and self.input.delivered(partition, first, end):
+            if self.on_advance is not None:
+                self.on_advance()
+
     def headers(self) -> dict[str, bytes] | None:
         """The input clock a steps message is sent at (RunDriver.process_run): every input
         record committed by then has its steps ahead of this message on the steps topic."""
@@ -75,8 +84,11 @@ class DeadlineClock:
         at = time.time_ns()
         offsets = await asyncio.get_running_loop().run_in_executor(None, self._probe.read)
         if offsets is not None:
+            before = self.input.now_ns
             self.input.observe(at, *offsets)
             self.probe_ok_ns = time.time_ns()
+            if self.input.now_ns > before and self.on_advance is not None:
+                self.on_advance()
 
     def lag_seconds(self) -> float | None:
         """How far the input clock trails the wall clock (the gauge and /healthz); None

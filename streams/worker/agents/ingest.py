@@ -76,6 +76,8 @@ class Ingest:
                 await self.publisher.deliver("ingest", [sent for _, out in records for sent in out])
                 self.skips.ack_refetched([record for record, _ in records[:-1]])
                 await stream.ack(event)
+                first = records[0][0].message.offset
+                self.clock.delivered(event.message.partition, first, event.message.offset + 1)
             except Abandoned:
                 pass  # unacknowledged: the partition's next owner processes the records
             except Exception:

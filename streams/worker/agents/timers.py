@@ -12,7 +12,9 @@ steps delivered after it may be behind it.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +26,8 @@ from streams.worker.kafka.delivery import Outgoing, ignore_failure
 
 if TYPE_CHECKING:
     pass
+
+log = logging.getLogger(__name__)
 
 TICK_RESEND_SECONDS = 10.0  # one tick in flight per partition, sent again if lost
 
@@ -47,6 +51,15 @@ class Timers:
         self.lag_sources = lag_sources
         self.tick_sent: dict[int, float] = {}  # partition -> when its tick was sent
         self.max_lag = 0  # the largest consumer lag of the last update (/healthz)
+        self._waking: asyncio.Future[None] | None = None
+        self.clock.on_advance = self.wake
+
+    def wake(self) -> None:
+        """The input clock advanced: send the ticks it makes due now, not at the next
+        timer (a release waited up to a tick period for it). One sender at a time."""
+        if self._waking is None or self._waking.done():
+            self._waking = asyncio.ensure_future(self.send_ticks())
+            self._waking.add_done_callback(_log_failure)
 
     def tick_handled(self, partition: int) -> None:
         self.tick_sent.pop(partition, None)
@@ -101,6 +114,11 @@ class Timers:
             max_lag = max(max_lag, lag)
             self.metrics.set_consumer_lag(tp.topic, tp.partition, lag)
         self.max_lag = max_lag
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("ticks on an input clock advance not sent (the timer sends them): %s", exc)
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

@@ -6,7 +6,17 @@ while spans of the run may still wait in another partition's backlog, possibly o
 worker. The input clock is the latest wall time T such that every record that was in the
 input topic at T has been processed by the group (its offsets are committed). Deadlines
 are then compared with min(wall clock, input clock): in steady state that trails the wall
-clock by the commit interval; after downtime it holds runs until the backlog is drained.
+clock by one probe period and the time the ingest agent takes to deliver what it read;
+after downtime it holds runs until the backlog is drained.
+
+A partition's progress is the larger of two promises: the group's committed offset (any
+worker's work, known a commit and a probe later) and this worker's own delivered offset
+(ingest's steps delivered for every record before it, known at once). The second is what
+keeps the clock within a fraction of a second of the wall clock: waiting for the commit and
+the next probe cost 1-1.5 s a release (docs/PERFORMANCE.md "Where unkeyed detection latency
+goes"). Delivered offsets are only taken as a contiguous extension of what is already
+promised, so a record whose steps were never delivered (a failed acknowledgement) holds the
+partition until the group's commits pass it, as before.
 
 `InputClock` is the bookkeeping (pure, unit tested); `KafkaInputProbe` reads end offsets
 and the group's committed offsets with a confluent-kafka consumer that never joins the
@@ -28,21 +38,45 @@ MAX_SNAPSHOTS = 3600  # one per tick: an hour of backlog at 1 s ticks
 
 
 class InputClock:
-    """Snapshots of the input's end offsets, released once the group's commits pass them."""
+    """Snapshots of the input's end offsets, released once every partition's progress (the
+    group's commits or this worker's deliveries) passes them."""
 
     def __init__(self, start_ns: int) -> None:
         self.now_ns = start_ns  # nothing before the worker started is promised
         self._snapshots: deque[tuple[int, dict[int, int]]] = deque()
+        self._committed: dict[int, int] = {}  # the group's, as of the last probe
+        self._delivered: dict[int, int] = {}  # this worker's ingest, as of its last ack
 
     def observe(self, at_ns: int, ends: Mapping[int, int], committed: Mapping[int, int]) -> int:
-        """Record the end offsets seen at `at_ns` and advance the clock past every snapshot
-        the committed offsets (same moment or later) have reached. Returns the clock."""
+        """Record the end offsets seen at `at_ns` and the group's committed offsets (same
+        moment or later), and advance the clock past every snapshot the progress has
+        reached. Returns the clock."""
         self._snapshots.append((at_ns, dict(ends)))
         if len(self._snapshots) > MAX_SNAPSHOTS:
             self._snapshots.popleft()  # coarser, never wrong: the clock just waits longer
+        for p, offset in committed.items():
+            self._committed[p] = max(offset, self._committed.get(p, offset))
+        return self._release()
+
+    def delivered(self, partition: int, first: int, end: int) -> bool:
+        """This worker delivered the steps of records `first` .. `end` - 1 of `partition`.
+        Taken only when `first` is within what is already promised (no gap before it).
+        Returns whether the clock advanced."""
+        if first > self._progress(partition):
+            return False
+        if end <= self._delivered.get(partition, 0):
+            return False
+        self._delivered[partition] = end
+        before = self.now_ns
+        return self._release() > before
+
+    def _progress(self, partition: int) -> int:
+        return max(self._committed.get(partition, 0), self._delivered.get(partition, 0))
+
+    def _release(self) -> int:
         while self._snapshots:
             at, snapshot = self._snapshots[0]
-            if any(committed.get(p, 0) < end for p, end in snapshot.items()):
+            if any(self._progress(p) < end for p, end in snapshot.items()):
                 break
             self._snapshots.popleft()
             self.now_ns = max(self.now_ns, at)

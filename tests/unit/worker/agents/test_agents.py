@@ -499,6 +499,31 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     assert env.confirmed_end_ns == first_max_end
 
 
+async def test_a_delivered_input_record_advances_the_clock_and_sends_the_ticks_it_makes_due(
+    service: Any,
+) -> None:
+    """Ingest's own delivery vouches for its partition at once: the run due by then gets a
+    tick carrying the new clock without waiting for the group's commit, the next probe or
+    the tick timer (each cost up to a period of a release's latency)."""
+    run = looping_run(12)
+    event = Ev(Msg("otlp_spans", 0, 7, None, encode_request(run.spans)))
+    records = await service.ingest.event(event)
+    (msg,) = service.topics["steps"].sent
+    p = msg["partition"]
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 0, None, msg["value"]))])
+    now = time.time_ns()
+    clock = service.clock.input = InputClock(start_ns=now - 10 * 10**9)
+    clock.observe(now - 10**9, {0: 8, 1: 3}, {0: 7, 1: 3})  # record 7 not yet committed
+    service.driver.index.set(run.trace_id, Deadline(p, now - 2 * 10**9, None, now - 2 * 10**9))
+    service.ready = True
+    await acked(service, FakeStream(), event, records)
+    assert clock.now_ns == now - 10**9  # this worker delivered record 7's steps
+    await asyncio.sleep(0)  # the tick sender the advance woke
+    await asyncio.sleep(0)
+    ticks = [m for m in service.topics["steps"].sent if m["value"].startswith(b'{"tick"')]
+    assert [(m["partition"], tick_clock(m["value"])) for m in ticks] == [(p, now - 10**9)]
+
+
 def test_the_input_clock_holds_deadlines_at_most_the_maximum_lag(service: Any) -> None:
     """A partition whose commits stopped (a bug, a lost ack) must not freeze every run:
     deadlines trail the wall clock by at most input_clock_max_lag_seconds."""
@@ -509,17 +534,6 @@ def test_the_input_clock_holds_deadlines_at_most_the_maximum_lag(service: Any) -
     max_lag = int(service.settings.input_clock_max_lag_seconds * 10**9)
     assert max_lag == 900 * 10**9
     assert now - max_lag <= service.clock.now_ns() <= time.time_ns() - max_lag + 10**9
-
-
-def test_input_clock_advances_only_past_fully_committed_snapshots() -> None:
-    clock = InputClock(start_ns=100)
-    assert clock.observe(200, {0: 10, 1: 0}, {0: 5, 1: 0}) == 100  # behind on 0
-    assert clock.observe(300, {0: 12, 1: 3}, {0: 10, 1: 3}) == 200  # 200's ends reached
-    assert clock.behind == 1
-    assert clock.observe(400, {0: 12, 1: 3}, {0: 12}) == 200  # partition 1 never committed
-    assert clock.observe(500, {0: 12, 1: 3}, {0: 12, 1: 3}) == 500  # caught up
-    assert clock.behind == 0
-    assert clock.observe(50, {0: 12}, {0: 12}) == 500  # never goes back
 
 
 class FakeRefetcher:
