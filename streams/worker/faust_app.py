@@ -298,7 +298,9 @@ class LoopwatchService:
         app.timer(interval=s.tick_seconds, name="loopwatch-ticks")(ticks)
         app.timer(interval=5.0, name="loopwatch-lag")(lag)
         if worker.clock.input is not None:
-            app.timer(interval=s.tick_seconds, name="loopwatch-input-clock")(input_clock)
+            app.timer(interval=s.input_clock_probe_seconds, name="loopwatch-input-clock")(
+                input_clock
+            )
         app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
         if s.state_flush_ms:
             app.timer(interval=s.state_flush_ms / 1000, name="loopwatch-state-flush")(state_flush)

@@ -92,10 +92,16 @@ variable                                  default                     meaning
                                                                       half the worker's time was
                                                                       spent waiting for records)
 ``LOOPWATCH_TICK_SECONDS``                ``0.25``                    timer period (releases,
-                                                                      finalization, cleanup,
-                                                                      the input clock's probe);
-                                                                      unkeyed detection latency
-                                                                      is about three of these
+                                                                      finalization, cleanup);
+                                                                      an input clock advance
+                                                                      sends its ticks at once
+``LOOPWATCH_INPUT_CLOCK_PROBE_SECONDS``   ``0.1``                     how often the input's end
+                                                                      offsets are read (unkeyed:
+                                                                      a release waits for the
+                                                                      first read after its arrival;
+                                                                      a read is one metadata, one
+                                                                      list-offsets per partition
+                                                                      and one offset-fetch request)
 ``LOOPWATCH_COMMIT_INTERVAL_SECONDS``     ``0.25`` unkeyed,           how often processed input
                                           ``1.0`` keyed               offsets are committed
                                                                       (unkeyed: the input clock
@@ -220,6 +226,7 @@ class WorkerSettings:
     trace_links: TraceLinks | None = None
     input_clock: bool = True
     input_clock_max_lag_seconds: float = 900.0
+    input_clock_probe_seconds: float = 0.1
     rocksdb_write_buffer_mb: int = 4  # one memtable
     rocksdb_block_cache_mb: int = 32  # one cache for every table partition
     rocksdb_memtables_mb: int = 32  # every table partition's memtables together
@@ -349,6 +356,9 @@ class WorkerSettings:
             "log_level": reader.choice("LOOPWATCH_LOG_LEVEL", d.log_level, LOG_LEVELS),
             "trace_links": TraceLinks.parse(reader.text("LOOPWATCH_TRACE_URL", "")),
             "input_clock": reader.flag("LOOPWATCH_INPUT_CLOCK", d.input_clock),
+            "input_clock_probe_seconds": reader.number(
+                "LOOPWATCH_INPUT_CLOCK_PROBE_SECONDS", d.input_clock_probe_seconds, 0.02
+            ),
             "input_clock_max_lag_seconds": reader.number(
                 "LOOPWATCH_INPUT_CLOCK_MAX_LAG_SECONDS", d.input_clock_max_lag_seconds, 10.0
             ),

@@ -64,9 +64,9 @@ class DeadlineClock:
         """Ingest delivered the steps of input records `first` .. `end` - 1 of `partition`
         (streams/worker/kafka/input_clock.py): when that advances the input clock, ticks go
         out at once (`on_advance`) rather than at the next timer."""
-        if self.input is not None and self.input.delivered(partition, first, end):
-            if self.on_advance is not None:
-                self.on_advance()
+        advanced = self.input is not None and self.input.delivered(partition, first, end)
+        if advanced and self.on_advance is not None:
+            self.on_advance()
 
     def headers(self) -> dict[str, bytes] | None:
         """The input clock a steps message is sent at (RunDriver.process_run): every input
