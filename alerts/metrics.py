@@ -325,7 +325,8 @@ class Metrics:
             "Where detection latency goes, by stage (docs/PERFORMANCE.md): ingest (an input "
             "record's timestamp to its steps sent), input_clock (unkeyed input: a run's "
             "arrival at detect to the input clock vouching for it), tick (a tick sent to "
-            "handled).",
+            "handled), batch (one detect batch: detection and its outputs delivered), flush "
+            "(a state flush holding the detect agent).",
             ["stage"],
             buckets=STAGE_BUCKETS,
             registry=r,

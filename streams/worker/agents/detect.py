@@ -94,10 +94,12 @@ class Detect:
                 if self.checkpoint.failed is not None:
                     await self.halt()
                 try:
+                    started = time.monotonic()
                     await self.batch(events)
+                    self.stage_seconds("batch", time.monotonic() - started)
                     self.counters["detect_batches"] += 1
                     if self.checkpoint.due():
-                        await self.ack(await self.checkpoint.flush())
+                        await self.timed_flush()
                 except Abandoned:
                     log.info("detect: a batch waiting for delivery was abandoned (rebalance)")
                     continue  # unacked: processed again from the committed offsets
@@ -123,9 +125,15 @@ class Detect:
         if self.stream is not None and not self.lock.locked() and self.checkpoint.due():
             async with self.lock:
                 try:
-                    await self.ack(await self.checkpoint.flush())
+                    await self.timed_flush()
                 except StateWriteError as exc:
                     self.state_write_failed(exc)  # the agent halts at its next batch
+
+    async def timed_flush(self) -> None:
+        """The checkpoint's flush and the acks it allows (the caller holds the lock)."""
+        started = time.monotonic()
+        await self.ack(await self.checkpoint.flush())
+        self.stage_seconds("flush", time.monotonic() - started)
 
     async def ack(self, events: list[Any]) -> None:
         for event in events:
