@@ -87,16 +87,18 @@ class DeadlineIndex:
         """Entries in the heaps, stale ones included (what the schedule holds in memory)."""
         return sum(len(heap) for heap in self._heaps.values())
 
-    def pop_due(self, partition: int, now_ns: int) -> list[str]:
-        """Run ids of `partition` whose deadline passed (removed from the heap, kept in
-        `entries`: the caller finalizes, reschedules or removes each one)."""
+    def pop_due(self, partition: int, now_ns: int, limit: int | None = None) -> list[str]:
+        """Run ids of `partition` whose deadline passed, the earliest `limit` of them
+        (removed from the heap, kept in `entries`: the caller finalizes, reschedules or
+        removes each one)."""
         out: list[str] = []
-        while True:
+        while limit is None or len(out) < limit:
             top = self._top(partition)
             if top is None or top[0] > now_ns:
                 return out
             heapq.heappop(self._heaps[partition])
             out.append(top[1])
+        return out
 
     def mark_evictions(self, max_active: int, now_ns: int) -> int:
         """Mark the oldest idle runs beyond `max_active` for eviction; returns how many."""

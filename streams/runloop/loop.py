@@ -296,11 +296,12 @@ class RunLoop:
         store.save(run_id, env, state)
         self.index.set(run_id, self.deadline_for(env))
 
-    def due(self, partition: int, now_ns: int, sink: Sink) -> None:
-        """Releases, finalizations and evictions of `partition` due by `now_ns`."""
+    def due(self, partition: int, now_ns: int, sink: Sink, limit: int | None = None) -> None:
+        """Releases, finalizations and evictions of `partition` due by `now_ns`, the
+        earliest `limit` runs of them (the rest stay due)."""
         policy = self.policy
         index = self.index
-        for run_id in index.pop_due(partition, now_ns):
+        for run_id in index.pop_due(partition, now_ns, limit):
             deadline = index.get(run_id)
             try:
                 loaded = self.store.load(run_id)

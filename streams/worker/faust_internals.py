@@ -163,6 +163,17 @@ def share_store_memory(tables: Any, memory: StoreMemory) -> int:
     return shared
 
 
+def _scan_options() -> Any:
+    """Read options for scans (sweeps, recovery reads, the API's listings): blocks read by
+    a scan do not go into the shared block cache, which keeps the point reads' blocks (a
+    sweep of the retained runs filled it with blocks read once)."""
+    import rocksdict
+
+    opts = rocksdict.ReadOptions()
+    opts.fill_cache(False)
+    return opts
+
+
 def table_databases(table: Any) -> list[Any]:
     """The rocksdb databases of a table's partitions (none for the in-memory store)."""
     return list(getattr(table.data, "_dbs", {}).values())
@@ -185,7 +196,11 @@ def partition_items(
         return []
     offset_key = table.data.offset_key
     out: list[tuple[bytes, bytes]] = []
-    for key, value in db.items(from_key=after) if after is not None else db.items():
+    scan = _scan_options()
+    items = (
+        db.items(from_key=after, read_opt=scan) if after is not None else db.items(read_opt=scan)
+    )
+    for key, value in items:
         if key in (after, offset_key):
             continue
         out.append((key, value))
@@ -209,7 +224,7 @@ def prefix_items(
     if db is None:
         return []
     out: list[tuple[bytes, bytes]] = []
-    for key, value in db.items(from_key=prefix):
+    for key, value in db.items(from_key=prefix, read_opt=_scan_options()):
         if not key.startswith(prefix) or len(out) >= limit:
             break
         if key != table.data.offset_key:
@@ -231,7 +246,7 @@ def newest_first(table: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
     if db is None:
         return
     offset_key = table.data.offset_key
-    for key, value in db.items(backwards=True):
+    for key, value in db.items(backwards=True, read_opt=_scan_options()):
         if key != offset_key:
             yield key, value
 

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 SWEEP_SECONDS = 60
 SWEEP_NS = SWEEP_SECONDS * NS
 SWEEP_BATCH = 5_000
+# A tick handles at most this many due runs of its partition; the rest stay due and the
+# next tick takes them. A burst of finishing runs (a backlog after downtime) then costs the
+# outputs, states and changelog records of this many at once, not of the whole burst: the
+# worker's memory after its largest batch (docs/PERFORMANCE.md "Worker memory by holder").
+TICK_MAX_RUNS = 1_000
 
 __all__ = ["Outputs", "RunDriver"]
 
@@ -224,7 +229,7 @@ class RunDriver:
         """Due releases, finalizations, evictions and marker expiry of one partition, and
         (once every SWEEP_SECONDS) a slice of its expired retained records and episodes."""
         out = Outputs()
-        self.loop.due(partition, now_ns, out)
+        self.loop.due(partition, now_ns, out, TICK_MAX_RUNS)
         self.retain(partition, out, now_ns)
         self.store.expire_finished(partition, now_ns - self.finished_ttl_ns)
         if self.retention is not None and now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:

@@ -55,14 +55,18 @@ class Timers:
         self.clock.on_advance = self.wake
 
     def wake(self) -> None:
-        """The input clock advanced: send the ticks it makes due now, not at the next
-        timer (a release waited up to a tick period for it). One sender at a time."""
+        """Send the ticks that are due now, not at the next timer: after an input clock
+        advance (a release waited up to a tick period for it) and after a tick was
+        handled. One sender at a time; runs once the caller's synchronous work is done."""
         if self._waking is None or self._waking.done():
             self._waking = asyncio.ensure_future(self.send_ticks())
             self._waking.add_done_callback(_log_failure)
 
     def tick_handled(self, partition: int) -> None:
+        """Detect took the partition's tick: what it leaves due (a tick handles at most
+        TICK_MAX_RUNS runs, or the clock moved on since its send) gets the next tick now."""
         self.tick_sent.pop(partition, None)
+        self.wake()
 
     async def send_ticks(self) -> None:
         if not self.ready():

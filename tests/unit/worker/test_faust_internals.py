@@ -243,3 +243,39 @@ async def test_the_consumer_keeps_committed_and_read_offsets_per_partition(
     monkeypatch.setattr(consumer, "_seek", driver_seek)
     await consumer.seek(INPUT, 5)
     assert faust_internals.read_offsets(consumer)[INPUT] == 5
+
+
+def test_scans_of_a_rocksdb_partition_read_in_order_and_leave_the_shared_cache_alone(
+    tmp_path: Any,
+) -> None:
+    """`partition_items`, `prefix_items` and `newest_first` read one partition's database
+    (rocksdict's `items(from_key=, backwards=, read_opt=)`), skipping faust's offset key;
+    their blocks do not go into the shared cache (sweeps read each block once: in the
+    cache they pushed out the point reads' blocks and grew the worker by its capacity)."""
+    app: Any = faust.App(
+        "internals-scan", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path)
+    )
+    table = app.Table("retained", default=int, partitions=2)
+    memory = faust_internals.StoreMemory(16 * 2**20, 8 * 2**20)
+    faust_internals.share_store_memory([table], memory)
+    db = table.data._db_for_partition(1)
+    for i in range(2000):
+        db[b"r%04d" % i] = b"v" * 1000
+    db[table.data.offset_key] = b"7"
+    db.flush()  # to an SST: reads now go through the block cache
+    before = memory.usage()["block_cache"]
+    keys = [k for k, _ in faust_internals.partition_items(table, 1, None, 5000)]
+    assert keys == [b"r%04d" % i for i in range(2000)]
+    after = [k for k, _ in faust_internals.partition_items(table, 1, b"r0100", 3)]
+    assert after == [b"r0101", b"r0102", b"r0103"]
+    assert [k for k, _ in faust_internals.prefix_items(table, 1, b"r19", 3)] == [
+        b"r1900",
+        b"r1901",
+        b"r1902",
+    ]
+    newest = faust_internals.newest_first(table, 1)
+    assert [next(newest)[0] for _ in range(2)] == [b"r1999", b"r1998"]
+    assert faust_internals.partition_items(table, 0, None, 10) == []
+    assert memory.usage()["block_cache"] - before < 100_000  # 2 MB read, none of it kept
+    db.get(b"r0500")  # a point read fills it
+    assert memory.usage()["block_cache"] > before
