@@ -105,7 +105,8 @@ variable                                  default                     meaning
 ``LOOPWATCH_COMMIT_INTERVAL_SECONDS``     ``0.25`` unkeyed,           how often processed input
                                           ``1.0`` keyed               offsets are committed
                                                                       (unkeyed: the input clock
-                                                                      advances with them; keyed:
+                                                                      takes other workers'
+                                                                      partitions from them; keyed:
                                                                       each commit flushes faust's
                                                                       producer, a pause)
 ``LOOPWATCH_OUTPUT_RETENTION_HOURS``      ``168``                     retention of created output,
@@ -216,8 +217,7 @@ class WorkerSettings:
     linger_ms: int = 10
     producer_batch_kb: int = 256
     fetch_partition_mb: int = 16
-    # unkeyed input: a run's arrival waits for the input clock (a probe, a commit, a tick):
-    # at 1.0 s each the median detection latency was 2.0 s, at 0.25 s 1.1 s (docs/PERFORMANCE.md)
+    # releases, finalizations and cleanup; an input clock advance sends its ticks at once
     tick_seconds: float = 0.25
     commit_interval_seconds: float | None = None  # None: 0.25 unkeyed, 1.0 keyed
     output_retention_hours: float = 168.0
