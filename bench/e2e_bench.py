@@ -383,17 +383,9 @@ def throughput(
         policy = EXAMPLE_POLICY
         if not sketches:
             policy = policy_without_sketches(EXAMPLE_POLICY, Path(tmp) / "no-sketches.yaml")
-        procs = [_worker_under(policy, Path(tmp) / f"w{i}", mode) for i in range(workers)]
-        for i, proc in enumerate(procs[1:], 1):  # same app, topics and group as the first
-            proc.env.update(
-                {
-                    k: v
-                    for k, v in procs[0].env.items()
-                    if k.startswith("LOOPWATCH_") and "PORT" not in k
-                }
-            )
-            proc.env["LOOPWATCH_DATA_DIR"] = str(Path(tmp) / f"w{i}" / "data")
-            proc.topics = procs[0].topics
+        first = _worker_under(policy, Path(tmp) / "w0", mode)
+        # the others: same app, topics and group as the first
+        procs = [first] + [first.sibling(Path(tmp) / f"w{i}") for i in range(1, workers)]
         for proc in procs:
             proc.workdir.mkdir(parents=True, exist_ok=True)
         create_topics([procs[0].topics["input"]], PARTITIONS)

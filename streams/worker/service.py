@@ -79,6 +79,8 @@ COUNTERS = (
     "step_messages_sent",
     "refetched_records",  # input records the stream skipped, read back
     "publish_retries",  # outputs sent again after a failed delivery
+    "marks_sent",  # this worker's delivered input offsets, to the steps partitions of others
+    "marks_read",  # other workers' marks taken by the input clock
 )
 
 
@@ -205,6 +207,7 @@ class Worker:
             ready=lambda: self.ready,
             assigned=assigned,
             lag_sources={s.input_topic, s.steps_topic},
+            steps_partitions=detect_partitions,
         )
         self.counting = Counting(self.metrics, self.counters, self.tables)
         checkpoint = Checkpoint(

@@ -135,6 +135,45 @@ def test_a_shuffled_unkeyed_delivery_gives_the_replays_events(
     check(oracle, events, summaries)
 
 
+def test_two_workers_give_the_replays_events_and_vouch_for_each_others_partitions(
+    oracle: Oracle, shuffled: list[bytes], tmp_path: Path
+) -> None:
+    """Two workers of one group, the shuffled delivery produced live: each ingests some
+    input partitions and detects on some steps partitions, so a run's spans reach its
+    detect through both workers' hops. Each worker's input clock takes the other's
+    partitions from its marks (and the group's commits): the replay's events, and marks
+    sent and read by both sides."""
+    timing: dict[str, float | bool] = {
+        "finalize_grace_seconds": 2,
+        "idle_timeout_seconds": 5,
+        "allowed_lateness_seconds": 60,
+        "release_on_sequence": False,
+    }
+    first = WorkerProc(tmp_path / "w0", write_policy(tmp_path / "policy.yaml", **timing))
+    second = first.sibling(tmp_path / "w1")
+    workers = [first, second]
+    try:
+        create_topics([first.topics["input"]], 4)
+        for worker in workers:
+            worker.workdir.mkdir(parents=True)
+            worker.start()
+        for worker in workers:
+            worker.wait_ready()
+        deadline = time.monotonic() + 60  # both members of the group, each with partitions
+        while not all(w.wait_ready().get("assigned_partitions") for w in workers):
+            assert time.monotonic() < deadline, "the two workers never shared the partitions"
+            time.sleep(0.5)
+        first.produce(paced(shuffled, seconds=4.0))
+        events, summaries = stream_outputs(first, len(oracle.events))
+        check(oracle, events, summaries)
+        health = [w.wait_ready() for w in workers]
+        assert all(h["marks_sent"] > 0 for h in health), health
+        assert all(h["marks_read"] > 0 for h in health), health
+    finally:
+        for worker in workers:
+            worker.cleanup()
+
+
 def test_the_replay_of_the_shuffled_files_is_the_replay_of_the_in_order_ones(
     oracle: Oracle, shuffled: list[bytes], tmp_path: Path
 ) -> None:

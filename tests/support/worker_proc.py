@@ -98,6 +98,17 @@ class WorkerProc:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
+    def sibling(self, workdir: Path) -> WorkerProc:
+        """A second worker of the same app: its group, topics and settings, its own ports
+        and data directory."""
+        other = WorkerProc(workdir, self.policy)
+        other.env.update(
+            {k: v for k, v in self.env.items() if k.startswith("LOOPWATCH_") and "PORT" not in k}
+        )
+        other.env["LOOPWATCH_DATA_DIR"] = str(workdir / "data")
+        other.app_id, other.topics = self.app_id, self.topics
+        return other
+
     # ------------------------------------------------------------------ lifecycle
 
     @property

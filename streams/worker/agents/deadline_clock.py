@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from detectors.model import NS
@@ -65,6 +65,13 @@ class DeadlineClock:
         (streams/worker/kafka/input_clock.py): when that advances the input clock, ticks go
         out at once (`on_advance`) rather than at the next timer."""
         advanced = self.input is not None and self.input.delivered(partition, first, end)
+        if advanced and self.on_advance is not None:
+            self.on_advance()
+
+    def marked(self, delivered: Mapping[int, int]) -> None:
+        """Another worker's mark (detect read it on the steps topic): its delivered input
+        offsets. Ticks go out at once when that advances the input clock."""
+        advanced = self.input is not None and self.input.marked(delivered)
         if advanced and self.on_advance is not None:
             self.on_advance()
 

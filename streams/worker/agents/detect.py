@@ -29,10 +29,12 @@ from streams.worker.agents.checkpoint import Checkpoint, StateWriteError
 from streams.worker.agents.counting import Counting
 from streams.worker.agents.driver import Outputs
 from streams.worker.agents.messages import (
+    MARK_VALUE_PREFIX,
     TICK_VALUE_PREFIX,
     decode_run_groups,
     decode_steps,
     key_text,
+    mark_offsets,
     sent_clock,
     tick_clock,
 )
@@ -207,6 +209,10 @@ class Detect:
         self.metrics.record_consumed(record.topic)
         value = record.value
         if value is not None and bytes(value[:1]) == TICK_VALUE_PREFIX:
+            if bytes(value[: len(MARK_VALUE_PREFIX)]) == MARK_VALUE_PREFIX:
+                self.clock.marked(mark_offsets(value))  # read back or not: still true
+                self.counters["marks_read"] += 1
+                return
             if streamed:
                 ticks[record.partition] = (event, tick_clock(value))
             return

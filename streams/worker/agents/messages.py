@@ -5,6 +5,9 @@ timer ticks, and where a run's messages go.
 * a partition-grouped steps message (no key, the default): ``[(run_id, [step, ...]), ...]``,
   on the partition the run id hashes to (`key_partition`);
 * a tick: a JSON object ``{"tick": sent_ns, "clock": clock_ns}``;
+* a mark: a JSON object ``{"mark": sent_ns, "delivered": {"<input partition>": offset}}``,
+  the input offsets below which the sending worker's ingest has delivered every record's
+  steps, for the other workers' input clocks (streams/worker/kafka/input_clock.py);
 * the header ``loopwatch-input-clock`` on a steps message: the input clock it was sent at.
 
 Steps are written as ``0x01`` + Python's `marshal` (format version 4, stable since Python
@@ -38,6 +41,30 @@ CLOCK_HEADER = "loopwatch-input-clock"  # on steps messages: the input clock at 
 def encode_tick(sent_ns: int, clock_ns: int) -> bytes:
     """A tick: its send time and the deadline clock (wall or input clock) at that time."""
     return json.dumps({"tick": sent_ns, "clock": clock_ns}).encode()
+
+
+MARK_VALUE_PREFIX = b'{"mark"'
+
+
+def encode_mark(sent_ns: int, delivered: Mapping[int, int]) -> bytes:
+    """A mark: this worker's delivered input offsets, by input partition."""
+    return json.dumps(
+        {"mark": sent_ns, "delivered": {str(p): o for p, o in sorted(delivered.items())}}
+    ).encode()
+
+
+def mark_offsets(value: bytes) -> dict[int, int]:
+    """The delivered offsets a mark carries; ValueError for a malformed one."""
+    body = json.loads(value)
+    delivered = body.get("delivered") if isinstance(body, dict) else None
+    if not isinstance(delivered, dict):
+        raise ValueError("a mark without its delivered offsets")
+    out: dict[int, int] = {}
+    for p, offset in delivered.items():
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"a mark's offset for partition {p!r} is not an offset: {offset!r}")
+        out[int(p)] = offset
+    return out
 
 
 def tick_clock(value: bytes) -> int | None:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from streams.worker.agents.messages import encode_tick
+from streams.worker.agents.messages import encode_mark, encode_tick
 from streams.worker.agents.parts import Parts
 from streams.worker.faust_internals import read_offsets
 from streams.worker.kafka.delivery import Outgoing, ignore_failure
@@ -40,16 +40,20 @@ class Timers:
         ready: Callable[[], bool],
         assigned: Callable[[], set[int]],
         lag_sources: set[str],
+        steps_partitions: int = 0,
     ) -> None:
         self.driver = parts.driver
         self.clock = parts.clock
         self.publisher = parts.publisher
         self.steps_topic = parts.topics["steps"]
         self.metrics = parts.metrics
+        self.counters = parts.counters
         self.ready = ready
         self.assigned = assigned
         self.lag_sources = lag_sources
         self.tick_sent: dict[int, float] = {}  # partition -> when its tick was sent
+        self.steps_partitions = steps_partitions
+        self.marked: dict[int, int] = {}  # the delivered offsets of the last marks sent
         self.max_lag = 0  # the largest consumer lag of the last update (/healthz)
         self._waking: asyncio.Future[None] | None = None
         self.clock.on_advance = self.wake
@@ -93,6 +97,27 @@ class Timers:
             return
         await self.clock.advance()
         self.metrics.input_clock_lag.set(self.clock.lag_seconds() or 0.0)
+        await self.send_marks()
+
+    async def send_marks(self) -> None:
+        """Tell the steps partitions another worker owns how far this worker's ingest has
+        delivered (a mark each, when that moved since the last marks): their input clocks
+        take these partitions from the marks rather than the group's commits and the next
+        probe, a second later. A worker that owns every steps partition sends none."""
+        if self.clock.input is None or not self.ready():
+            return
+        delivered = self.clock.input.own_deliveries()
+        if delivered == self.marked:
+            return
+        others = set(range(self.steps_partitions)) - self.assigned()
+        if not others:
+            return
+        self.marked = delivered
+        value = encode_mark(time.time_ns(), delivered)
+        for partition in sorted(others):
+            _, sent = await self.publisher.send(Outgoing(self.steps_topic, None, value, partition))
+            sent.add_done_callback(ignore_failure)  # the next marks say as much and more
+        self.counters["marks_sent"] += len(others)
 
     def update_lag(self, consumer: Any) -> None:
         """Consumer lag of the input and steps partitions (faust's consumer, if started)."""

@@ -9,9 +9,10 @@ are then compared with min(wall clock, input clock): in steady state that trails
 clock by one probe period and the time the ingest agent takes to deliver what it read;
 after downtime it holds runs until the backlog is drained.
 
-A partition's progress is the larger of two promises: the group's committed offset (any
-worker's work, known a commit and a probe later) and this worker's own delivered offset
-(ingest's steps delivered for every record before it, known at once). The second is what
+A partition's progress is the largest of three promises: the group's committed offset (any
+worker's work, known a commit and a probe later), this worker's own delivered offset
+(ingest's steps delivered for every record before it, known at once), and the delivered
+offsets other workers send in marks on the steps topic (known when detect reads the mark). The second is what
 keeps the clock within a fraction of a second of the wall clock: waiting for the commit and
 the next probe cost 1-1.5 s a release (docs/PERFORMANCE.md "Where unkeyed detection latency
 goes"). Delivered offsets are only taken as a contiguous extension of what is already
@@ -46,6 +47,7 @@ class InputClock:
         self._snapshots: deque[tuple[int, dict[int, int]]] = deque()
         self._committed: dict[int, int] = {}  # the group's, as of the last probe
         self._delivered: dict[int, int] = {}  # this worker's ingest, as of its last ack
+        self._marked: dict[int, int] = {}  # other workers' ingest, as their marks say
 
     def observe(self, at_ns: int, ends: Mapping[int, int], committed: Mapping[int, int]) -> int:
         """Record the end offsets seen at `at_ns` and the group's committed offsets (same
@@ -70,8 +72,26 @@ class InputClock:
         before = self.now_ns
         return self._release() > before
 
+    def marked(self, delivered: Mapping[int, int]) -> bool:
+        """Another worker's mark: its ingest delivered the steps of every record below
+        these offsets (a prefix it vouches for, before it sent the mark). Returns whether
+        the clock advanced."""
+        for p, end in delivered.items():
+            if end > self._marked.get(p, 0):
+                self._marked[p] = end
+        before = self.now_ns
+        return self._release() > before
+
+    def own_deliveries(self) -> dict[int, int]:
+        """This worker's delivered offsets, for its marks."""
+        return dict(self._delivered)
+
     def _progress(self, partition: int) -> int:
-        return max(self._committed.get(partition, 0), self._delivered.get(partition, 0))
+        return max(
+            self._committed.get(partition, 0),
+            self._delivered.get(partition, 0),
+            self._marked.get(partition, 0),
+        )
 
     def _release(self) -> int:
         while self._snapshots:

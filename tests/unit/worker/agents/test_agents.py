@@ -24,8 +24,10 @@ from streams.runloop.deadlines import Deadline
 from streams.spanpath.normalize import Normalizer
 from streams.worker.agents.messages import (
     decode_run_groups,
+    encode_mark,
     encode_run_groups,
     encode_tick,
+    mark_offsets,
     sent_clock,
     split_to_fit,
     tick_clock,
@@ -522,6 +524,66 @@ async def test_a_delivered_input_record_advances_the_clock_and_sends_the_ticks_i
     await asyncio.sleep(0)
     ticks = [m for m in service.topics["steps"].sent if m["value"].startswith(b'{"tick"')]
     assert [(m["partition"], tick_clock(m["value"])) for m in ticks] == [(p, now - 10**9)]
+
+
+async def test_marks_tell_the_steps_partitions_of_other_workers_what_this_one_delivered(
+    service: Any,
+) -> None:
+    """With two workers, a partition the other ingests was vouched for only through the
+    group's commits and the next probe (about a second). The ingesting worker sends its
+    delivered offsets as a mark to the steps partitions it does not own; a detect that
+    reads one advances its clock, and a run due by then gets its tick at once."""
+    now = time.time_ns()
+    clock = service.clock.input = InputClock(start_ns=now - 10 * 10**9)
+    service.ready = True
+    service.timers.assigned = lambda: {0, 1}  # partitions 2 and 3 are the other worker's
+    clock.observe(now - 10**9, {0: 3}, {0: 0})
+    clock.delivered(0, 0, 3)
+    await service.timers.send_marks()
+    marks = [m for m in service.topics["steps"].sent if m["value"].startswith(b'{"mark"')]
+    assert [m["partition"] for m in marks] == [2, 3]
+    assert mark_offsets(marks[0]["value"]) == {0: 3}
+    await service.timers.send_marks()  # nothing new delivered: no new marks
+    assert len([m for m in service.topics["steps"].sent if b'"mark"' in m["value"]]) == 2
+    service.timers.assigned = lambda: {0, 1, 2, 3}  # one worker owns them all: none
+    clock.delivered(0, 3, 4)
+    await service.timers.send_marks()
+    assert len([m for m in service.topics["steps"].sent if b'"mark"' in m["value"]]) == 2
+
+    # the other worker's detect: its clock waits on partition 1, which the mark covers
+    other = InputClock(start_ns=now - 10 * 10**9)
+    service.clock.input = other
+    other.observe(now - 10**9, {0: 9, 1: 5}, {0: 9, 1: 2})
+    run = looping_run(13)
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    p = service.topics["steps"].sent[-1]["partition"]
+    service.driver.index.set(run.trace_id, Deadline(p, now - 2 * 10**9, None, now - 2 * 10**9))
+    before = len(service.topics["steps"].sent)
+    mark = encode_mark(now, {1: 5})
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 0, None, mark))])
+    assert other.now_ns == now - 10**9
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    ticks = [m for m in service.topics["steps"].sent[before:] if m["value"].startswith(b'{"tick"')]
+    assert [(m["partition"], tick_clock(m["value"])) for m in ticks] == [(p, now - 10**9)]
+
+
+async def test_a_malformed_mark_is_a_dead_letter_and_the_batch_goes_on(service: Any) -> None:
+    run = looping_run(14)
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    (msg,) = service.topics["steps"].sent
+    p = msg["partition"]
+    bad = b'{"mark": 1, "delivered": {"0": -4}}'
+    await detect_batch(
+        service,
+        [
+            Ev(Msg("loopwatch-steps", p, 0, None, bad)),
+            Ev(Msg("loopwatch-steps", p, 1, None, msg["value"])),
+        ],
+    )
+    (dead,) = service.topics["dead"].sent
+    assert ("error", b"ValueError") in dead["headers"]
+    assert run.trace_id in service.driver.cache
 
 
 def test_the_input_clock_holds_deadlines_at_most_the_maximum_lag(service: Any) -> None:

@@ -65,3 +65,18 @@ def test_an_old_delivery_does_not_move_progress_back() -> None:
     assert clock.delivered(0, 0, 4) is False  # a late ack of older records
     clock.observe(200, {0: 10}, {0: 0})
     assert clock.now_ns == 200
+
+
+def test_another_workers_mark_releases_the_partitions_it_covers() -> None:
+    """A mark is a prefix the other worker vouches for: no contiguity with this worker's
+    knowledge is needed, and a lower mark takes nothing back."""
+    clock = InputClock(start_ns=0)
+    clock.observe(100, {0: 10, 1: 20}, {0: 0, 1: 0})
+    assert clock.delivered(0, 0, 10) is False  # partition 1 is the other worker's
+    assert clock.marked({1: 20}) is True
+    assert clock.now_ns == 100
+    clock.observe(200, {0: 10, 1: 25}, {0: 0, 1: 0})
+    assert clock.marked({1: 22}) is False
+    assert clock.marked({1: 19}) is False  # an older mark, read after a newer one
+    assert clock.marked({1: 25}) is True and clock.now_ns == 200
+    assert clock.own_deliveries() == {0: 10}  # what this worker's marks say: its own only
