@@ -502,10 +502,14 @@ def _wait_all(procs: list[WorkerProc], key: str, value: int, timeout: float) -> 
     )
 
 
-def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str, Any]:
+def latency(
+    rate_spans: float, seconds: float, keyed: bool = False, workers: int = 1
+) -> dict[str, Any]:
     """Offer `rate_spans` spans/s of live traffic; detection latency = loop_detected record
     timestamp minus the send time of the record holding the trigger span. `keyed`: records
-    split and keyed by trace id, worker in keyed mode (no hop)."""
+    split and keyed by trace id, worker in keyed mode (no hop). `workers` > 1: more
+    workers of the same group, started and sharing the partitions before the load (the
+    stages are the first worker's)."""
     total = int(rate_spans * seconds)
     now = time.time_ns()
     messages = list(
@@ -523,10 +527,20 @@ def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str,
     with tempfile.TemporaryDirectory() as tmp:
         mode = {"LOOPWATCH_INPUT_KEYED_BY_RUN": "true"} if keyed else {}
         worker = _worker(Path(tmp), **mode)
-        worker.workdir.mkdir(parents=True, exist_ok=True)
+        siblings = [worker.sibling(Path(tmp) / f"w{i}") for i in range(1, workers)]
         try:
-            worker.start()
-            worker.wait_ready(120)
+            for proc in [worker, *siblings]:
+                proc.workdir.mkdir(parents=True, exist_ok=True)
+                proc.start()
+            for proc in [worker, *siblings]:
+                proc.wait_ready(120)
+            deadline = time.monotonic() + 120  # every worker a member with partitions
+            while not all(
+                p.wait_ready(120).get("assigned_partitions") for p in [worker, *siblings]
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the workers never shared the partitions")
+                time.sleep(0.5)
             # the load comes from a process of its own: as a thread of this one it competed
             # with the bench's reader for the GIL and its pacing slipped (issue 39)
             before = stage_buckets(worker.metrics_text())
@@ -554,7 +568,8 @@ def latency(rate_spans: float, seconds: float, keyed: bool = False) -> dict[str,
                     by_shape.setdefault(event["shape"], []).append(all_latencies[-1])
             stages = stage_quantiles(worker.metrics_text(), before)
         finally:
-            worker.cleanup()
+            for proc in [*siblings, worker]:
+                proc.cleanup()
     latencies.sort()
     all_latencies.sort()
 
