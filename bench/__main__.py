@@ -75,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--worker-runs",
-        default="10000,100000",
-        help="finished runs checkpoints for worker RSS (add 1000000 for the full profile)",
+        default="10000,100000,1000000",
+        help="finished runs checkpoints for worker RSS (the 1M checkpoint takes about 25 min)",
+    )
+    parser.add_argument(
+        "--memory-rounds", type=int, default=3, help="worker memory runs, a worker each"
     )
     args = parser.parse_args(argv)
 
@@ -228,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         latency = e2e_bench.latency_rounds(
             args.latency_rate, args.latency_seconds, args.latency_rounds
         )
-        mem = e2e_bench.memory(tuple(int(x) for x in args.worker_runs.split(",")))
+        mem = e2e_bench.memory_rounds(
+            tuple(int(x) for x in args.worker_runs.split(",")), args.memory_rounds
+        )
         holds = e2e_bench.holds_api(1000)
         results["e2e"] = {
             "one_worker": one,
@@ -330,12 +335,13 @@ def main(argv: list[str] | None = None) -> int:
                 "ms; what each guard asks every holds_refresh_seconds",
             )
         )
-        for runs, mib in mem["rss_mib_after_runs"].items():
+        for runs, mib in mem["rss_mib"].items():
             rows.append(
                 (
                     f"worker RSS after {int(runs):,} finished runs",
-                    f"{mib:,.1f} MiB",
-                    "flat within 10% is the target",
+                    f"{mib['median']:,.1f} MiB ({mib['min']:,.1f}-{mib['max']:,.1f})",
+                    f"median of {mem['rounds']}; x{mem['against_first'][runs]:.2f} of the "
+                    "first; target: within 10% of it",
                 )
             )
     width = max(len(r[0]) for r in rows)
