@@ -1,14 +1,13 @@
 """In-memory schedules of the run loop (streams/runloop/loop.py); the worker rebuilds them from its
 tables on every partition assignment:
 `DeadlineIndex` (when each live run is next due: release after lateness, finalization
-after grace or idle time, eviction past LOOPWATCH_MAX_ACTIVE_RUNS) and `FinishedIndex`
-(finished-run markers, oldest first, for their TTL)."""
+after grace or idle time, eviction past LOOPWATCH_MAX_ACTIVE_RUNS). Finished-run markers
+have no index in memory: a sweep expires them from the table (streams/worker/state/store.py
+`sweep_finished`)."""
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -115,40 +114,3 @@ class DeadlineIndex:
             self.evicting += 1
             heapq.heappush(self._heaps.setdefault(entry.partition, []), (0, run_id))
         return len(candidates)
-
-
-class FinishedIndex:
-    """Finished-run markers per partition, oldest first, for TTL cleanup."""
-
-    def __init__(self) -> None:
-        self._by_partition: dict[int, deque[tuple[int, str]]] = {}
-        self.size = 0
-
-    def add(self, partition: int, finished_ns: int, run_id: str) -> None:
-        self._by_partition.setdefault(partition, deque()).append((finished_ns, run_id))
-        self.size += 1
-
-    def clear(self) -> None:
-        self._by_partition.clear()
-        self.size = 0
-
-    def rebuild(self, items: Iterable[tuple[int, int, str]]) -> None:
-        """items: (partition, finished_ns, run_id)."""
-        self.clear()
-        for partition, finished_ns, run_id in sorted(items, key=lambda x: (x[0], x[1])):
-            self.add(partition, finished_ns, run_id)
-
-    def oldest(self, partition: int) -> int | None:
-        q = self._by_partition.get(partition)
-        return q[0][0] if q else None
-
-    def partitions(self) -> list[int]:
-        return [p for p, q in self._by_partition.items() if q]
-
-    def pop_expired(self, partition: int, cutoff_ns: int) -> list[str]:
-        q = self._by_partition.get(partition)
-        out = []
-        while q and q[0][0] <= cutoff_ns:
-            out.append(q.popleft()[1])
-            self.size -= 1
-        return out

@@ -230,6 +230,7 @@ class LoopwatchService:
             retained=self.retained,
             episodes=self.episodes,
             scan=faust_internals.partition_items,
+            count=faust_internals.estimated_keys,
             versions=self.versions,
             version_counts=CurrentWindow(version_counts),
             hold_counts=CurrentWindow(hold_counts),

@@ -174,6 +174,16 @@ def _scan_options() -> Any:
     return opts
 
 
+def estimated_keys(table: Any) -> int:
+    """How many keys a table holds: rocksdb's estimate over its open partitions (a property
+    of each database, no read; faust's offset key included), or the in-memory store's
+    count."""
+    dbs = getattr(getattr(table, "data", None), "_dbs", None)
+    if dbs is None:
+        return len(table)
+    return sum(db.property_int_value("rocksdb.estimate-num-keys") or 0 for db in dbs.values())
+
+
 def table_databases(table: Any) -> list[Any]:
     """The rocksdb databases of a table's partitions (none for the in-memory store)."""
     return list(getattr(table.data, "_dbs", {}).values())

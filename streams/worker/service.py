@@ -229,18 +229,16 @@ class Worker:
         """Partitions were assigned and their tables restored: rebuild the schedules."""
         started = time.monotonic()
         tables = self.tables
-        self.driver.rebuild(
-            list(tables.runs.items()), list(tables.finished.items()), partitions, time.time_ns()
-        )
+        self.driver.rebuild(list(tables.runs.items()), partitions, time.time_ns())
         self.counting.recover(partitions)
         self.timers.tick_sent.clear()
         self.ready = True
         self.metrics.active_runs.set(len(self.driver.index))
         log.info(
-            "partitions %s recovered: %d live runs, %d finished markers (%.2f s)",
+            "partitions %s recovered: %d live runs, about %d finished markers (%.2f s)",
             sorted(partitions),
             len(self.driver.index),
-            self.driver.finished_index.size,
+            tables.count(tables.finished),
             time.monotonic() - started,
         )
 
@@ -382,7 +380,7 @@ class Worker:
             "broker": self.broker.snapshot(),
             "consumer_lag_max": self.timers.max_lag,
             "active_runs": len(self.driver.index),
-            "finished_markers": self.driver.finished_index.size,
+            "finished_markers": self.tables.count(self.tables.finished),
             "assigned_partitions": sorted(self.assigned()) if self.ready else [],
             **self.counters,
             "state_writes": self.driver.state_writes,

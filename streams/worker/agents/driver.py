@@ -21,19 +21,20 @@ from detectors.holds import HeldCall
 from detectors.model import NS, Step
 from detectors.policy import Policy
 from detectors.state import RunState
-from streams.runloop.deadlines import DeadlineIndex, FinishedIndex
+from streams.runloop.deadlines import DeadlineIndex
 from streams.runloop.loop import Envelope, RunLoop
 from streams.worker.agents.messages import key_text
 from streams.worker.state import episodes as episode_records
 from streams.worker.state import retained as retained_records
 from streams.worker.state.retained import Retention
-from streams.worker.state.store import Table, TableStore, Writes, decode_finished, decode_header
+from streams.worker.state.store import Table, TableStore, Writes, decode_header
 
 log = logging.getLogger(__name__)
 
-# Expired retained records are deleted a slice at a time, per partition: SWEEP_BATCH
-# records read (their 19-byte header) every SWEEP_SECONDS, so a record outlives its
-# retention by at most (records in the partition / SWEEP_BATCH) sweep periods.
+# Expired finished-run markers, retained records and episodes are deleted a slice at a time,
+# per partition: SWEEP_BATCH records read (their header) every SWEEP_SECONDS, so a record
+# outlives its TTL or retention by at most (records in the partition / SWEEP_BATCH) sweep
+# periods.
 SWEEP_SECONDS = 60
 SWEEP_NS = SWEEP_SECONDS * NS
 SWEEP_BATCH = 5_000
@@ -119,10 +120,6 @@ class RunDriver:
         return self.loop.index
 
     @property
-    def finished_index(self) -> FinishedIndex:
-        return self.store.finished_index
-
-    @property
     def cache(self) -> OrderedDict[str, tuple[Envelope, RunState]]:
         return self.store.cache
 
@@ -135,7 +132,6 @@ class RunDriver:
     def rebuild(
         self,
         runs: Iterable[tuple[bytes, bytes]],
-        finished: Iterable[tuple[bytes, bytes]],
         partitions: set[int] | None,
         now_ns: int,
     ) -> None:
@@ -159,21 +155,14 @@ class RunDriver:
                 continue
             env.seen_ns = max(env.seen_ns, now_ns)
             index.set(key_text(key), self.loop.deadline_for(env))
-        items = []
-        for key, raw in finished:
-            try:
-                finished_ns, partition = decode_finished(raw)
-            except (ValueError, TypeError):
-                continue
-            if partitions is None or partition in partitions:
-                items.append((partition, finished_ns, key_text(key)))
-        self.store.finished_index.rebuild(items)
-        if partitions is not None:  # every assigned partition may hold retained records
+        if partitions is not None:  # every assigned partition may hold markers and records
             self.sweep_partitions = set(partitions)
             self.store.sweep_after.clear()
+            self.store.finished_after.clear()
 
     def due_partitions(self, now_ns: int) -> set[int]:
-        """Partitions with work for a tick: due runs or finished markers past their TTL."""
+        """Partitions with work for a tick: due runs, or a sweep (finished markers past
+        their TTL, expired retained records and episodes) due."""
         index = self.loop.index
         index.mark_evictions(self.max_active_runs, now_ns)
         due = set()
@@ -181,16 +170,8 @@ class RunDriver:
             at = index.next_due(p)
             if at is not None and at <= now_ns:
                 due.add(p)
-        if self.retention is not None:
-            due.update(
-                p for p in self.sweep_partitions if now_ns - self.swept_at.get(p, 0) >= SWEEP_NS
-            )
-        cutoff = now_ns - self.finished_ttl_ns
-        finished = self.store.finished_index
-        for p in finished.partitions():
-            oldest = finished.oldest(p)
-            if oldest is not None and oldest <= cutoff:
-                due.add(p)
+        swept = self.sweep_partitions | self.store.finished_partitions
+        due.update(p for p in swept if now_ns - self.swept_at.get(p, 0) >= SWEEP_NS)
         return due
 
     # ------------------------------------------------------------------ processing
@@ -226,16 +207,19 @@ class RunDriver:
         return out
 
     def tick(self, partition: int, now_ns: int) -> Outputs:
-        """Due releases, finalizations, evictions and marker expiry of one partition, and
-        (once every SWEEP_SECONDS) a slice of its expired retained records and episodes."""
+        """Due releases, finalizations and evictions of one partition, and (once every
+        SWEEP_SECONDS) a slice of its expired finished markers, retained records and
+        episodes."""
         out = Outputs()
         self.loop.due(partition, now_ns, out, TICK_MAX_RUNS)
         self.retain(partition, out, now_ns)
-        self.store.expire_finished(partition, now_ns - self.finished_ttl_ns)
-        if self.retention is not None and now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:
+        if now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:
             self.swept_at[partition] = now_ns
-            self.store.sweep_retained(partition, now_ns, SWEEP_BATCH)
-            self.store.sweep_episodes(partition, now_ns - self.retention.looping_ns, SWEEP_BATCH)
+            self.store.sweep_finished(partition, now_ns - self.finished_ttl_ns, SWEEP_BATCH)
+            if self.retention is not None:
+                self.store.sweep_retained(partition, now_ns, SWEEP_BATCH)
+                cutoff = now_ns - self.retention.looping_ns
+                self.store.sweep_episodes(partition, cutoff, SWEEP_BATCH)
         return out
 
     def retain(

@@ -23,7 +23,6 @@ from typing import Any
 
 from detectors.state import RunState
 from detectors.versions import Seen, Slice
-from streams.runloop.deadlines import FinishedIndex
 from streams.runloop.loop import Envelope
 from streams.worker.state.codec import decode_state, encode_state
 from streams.worker.state.episodes import key_ns as episode_key_ns
@@ -180,7 +179,8 @@ class TableStore:
         self.writes = Writes()
         self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
         self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
-        self.finished_index = FinishedIndex()
+        self.finished_after: dict[int, bytes | None] = {}  # ... the markers' sweep
+        self.finished_partitions: set[int] = set()  # with markers set since the start
         self.state_writes = 0
         self.state_write_bytes = 0
 
@@ -220,16 +220,31 @@ class TableStore:
         self.finishing[run_id] = state
         self.writes.put("runs", partition, key, None)
         self.writes.put("finished", partition, key, encode_finished(now_ns, partition))
-        self.finished_index.add(partition, now_ns, run_id)
+        self.finished_partitions.add(partition)
 
     def is_finished(self, run_id: str) -> bool:
         return self._read("finished", self.finished, run_id.encode("utf-8")) is not None
 
-    def expire_finished(self, partition: int, cutoff_ns: int) -> None:
-        """Forget the finished markers of `partition` set at or before `cutoff_ns`."""
-        for run_id in self.finished_index.pop_expired(partition, cutoff_ns):
-            if self.is_finished(run_id):
-                self.writes.put("finished", partition, run_id.encode("utf-8"), None)
+    def sweep_finished(self, partition: int, cutoff_ns: int, limit: int) -> int:
+        """Delete the markers set at or before `cutoff_ns` among the next `limit` of
+        `partition` (in key order, from where the last sweep stopped; past the end it starts
+        again). Returns how many it deleted. The markers live in the table only: an index
+        of them in memory grew with the finish rate times the TTL (360k markers, 65 MiB, at
+        100 runs a second and the default hour)."""
+        after = self.finished_after.get(partition)
+        items = self.scan(self.finished, partition, after, limit)
+        deleted = 0
+        for key, raw in items:
+            try:
+                finished_ns, owner = decode_finished(raw)
+            except (ValueError, TypeError):
+                continue
+            staged = self.writes.get("finished", key) is not None
+            if owner == partition and finished_ns <= cutoff_ns and not staged:
+                self.writes.put("finished", partition, key, None)
+                deleted += 1
+        self.finished_after[partition] = items[-1][0] if len(items) == limit else None
+        return deleted
 
     def load_retained(self, key: bytes) -> bytes | None:
         return self._read("retained", self.retained, key)
@@ -323,6 +338,7 @@ class Tables:
     retained: Table = field(default_factory=dict)
     episodes: Table = field(default_factory=dict)
     scan: Scan | None = None  # a partition's items in key order (None: plain mappings)
+    count: Callable[[Any], int] = len  # a table's keys (rocksdb: its estimate, no read)
     # which version replaced which, and the windowed counts of each version's runs
     # (streams/worker/agents/counting.py, detectors/versions.py)
     versions: Table = field(default_factory=dict)

@@ -16,7 +16,7 @@ from detectors.fingerprint import Fingerprinter
 from detectors.model import NS
 from detectors.policy import Policy, load_policy, policy_from_mapping
 from detectors.recovery import event_id
-from streams.runloop.deadlines import Deadline, DeadlineIndex, FinishedIndex
+from streams.runloop.deadlines import Deadline, DeadlineIndex
 from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.spanpath.otlp import decode_record
@@ -29,7 +29,14 @@ from streams.worker.agents.messages import (
     key_partition,
 )
 from streams.worker.api.answers import run_view
-from streams.worker.state.store import Envelope, decode_envelope, decode_header, encode_envelope
+from streams.worker.state.store import (
+    Envelope,
+    TableStore,
+    decode_envelope,
+    decode_header,
+    encode_envelope,
+    encode_finished,
+)
 from tests.otlp_build import encode_request, example_files, file_messages, replay_messages
 from tests.paths import REPO
 from tests.spankit import Run, example_policy
@@ -347,7 +354,29 @@ def test_finished_markers_expire() -> None:
     worker.advance(59)
     assert run.trace_id.encode() in worker.finished
     worker.advance(2)
-    assert worker.finished == {} and worker.driver.finished_index.size == 0
+    assert worker.finished == {}  # the first sweep past the TTL
+
+
+def test_the_markers_sweep_goes_through_a_partition_in_slices() -> None:
+    """Markers live in the table only (no index in memory): a sweep reads the next `limit`
+    of the partition from where the last one stopped, deletes those past the cutoff that
+    are its partition's, and starts again past the end."""
+    store = TableStore(0)
+    finished: dict[bytes, bytes] = {
+        b"a": encode_finished(10, 0),
+        b"b": encode_finished(50, 0),
+        b"c": encode_finished(10, 1),  # another partition's (a plain mapping holds all)
+        b"d": encode_finished(20, 0),
+        b"e": encode_finished(90, 0),
+    }
+    store.bind({}, finished)
+    assert store.sweep_finished(0, 30, 2) == 1  # a and b read: a goes
+    assert store.finished_after[0] == b"b"
+    assert store.sweep_finished(0, 30, 2) == 1  # c (not its own) and d: d goes
+    assert store.sweep_finished(0, 30, 2) == 0  # e, the end: next time from the start
+    assert store.finished_after[0] is None
+    writes = store.take_writes().rows()
+    assert sorted(key for _t, _p, key, value in writes if value is None) == [b"a", b"d"]
 
 
 def test_capacity_evicts_the_oldest_idle_runs() -> None:
@@ -381,7 +410,7 @@ def test_rebuild_after_rebalance_restarts_the_clocks() -> None:
     fresh = FakeWorker(policy)
     fresh.runs, fresh.finished, fresh.now = worker.runs, worker.finished, worker.now + 100 * NS
     fresh.driver.bind(fresh.runs, fresh.finished)  # the restarted worker's restored tables
-    fresh.driver.rebuild(fresh.runs.items(), fresh.finished.items(), None, fresh.now)
+    fresh.driver.rebuild(fresh.runs.items(), None, fresh.now)
     assert len(fresh.driver.index) == 1
     fresh.advance(4.9)  # downtime did not count
     assert fresh.summaries == []
@@ -389,7 +418,7 @@ def test_rebuild_after_rebalance_restarts_the_clocks() -> None:
     assert [s["outcome"] for s in fresh.summaries] == ["incomplete_trace"]
     # partitions not assigned to this worker are left out
     other = FakeWorker(policy)
-    other.driver.rebuild(worker.runs.items(), {}.items(), {99}, worker.now)
+    other.driver.rebuild(worker.runs.items(), {99}, worker.now)
     assert len(other.driver.index) == 0
 
 
@@ -465,13 +494,6 @@ def test_deadline_index() -> None:
     assert index.mark_evictions(1, 0) == 0  # already marked
     index.remove("b")
     assert len(index) == 1 and index.evicting == 0
-
-
-def test_finished_index() -> None:
-    idx = FinishedIndex()
-    idx.rebuild([(0, 30, "c"), (0, 10, "a"), (1, 20, "b")])
-    assert idx.oldest(0) == 10 and idx.pop_expired(0, 29) == ["a"]
-    assert idx.pop_expired(1, 100) == ["b"] and idx.size == 1
 
 
 def test_wire_formats_round_trip() -> None:
