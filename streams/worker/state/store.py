@@ -227,24 +227,17 @@ class TableStore:
 
     def sweep_finished(self, partition: int, cutoff_ns: int, limit: int) -> int:
         """Delete the markers set at or before `cutoff_ns` among the next `limit` of
-        `partition` (in key order, from where the last sweep stopped; past the end it starts
-        again). Returns how many it deleted. The markers live in the table only: an index
-        of them in memory grew with the finish rate times the TTL (360k markers, 65 MiB, at
-        100 runs a second and the default hour)."""
-        after = self.finished_after.get(partition)
-        items = self.scan(self.finished, partition, after, limit)
-        deleted = 0
-        for key, raw in items:
-            try:
-                finished_ns, owner = decode_finished(raw)
-            except (ValueError, TypeError):
-                continue
-            staged = self.writes.get("finished", key) is not None
-            if owner == partition and finished_ns <= cutoff_ns and not staged:
-                self.writes.put("finished", partition, key, None)
-                deleted += 1
-        self.finished_after[partition] = items[-1][0] if len(items) == limit else None
-        return deleted
+        `partition` (`_sweep`). The markers live in the table only: an index of them in
+        memory grew with the finish rate times the TTL (360k markers, 65 MiB, at 100 runs
+        a second and the default hour)."""
+
+        def expired(raw: bytes) -> tuple[int, bool]:
+            finished_ns, owner = decode_finished(raw)
+            return owner, finished_ns <= cutoff_ns
+
+        return self._sweep(
+            "finished", self.finished, self.finished_after, partition, limit, expired
+        )
 
     def load_retained(self, key: bytes) -> bytes | None:
         return self._read("retained", self.retained, key)
@@ -268,22 +261,39 @@ class TableStore:
         return deleted
 
     def sweep_retained(self, partition: int, now_ns: int, limit: int) -> int:
-        """Delete the expired records among the next `limit` of `partition` (in key order,
-        from where the last sweep stopped; past the end it starts again). Returns how many
-        it deleted."""
-        after = self.sweep_after.get(partition)
-        items = self.scan(self.retained, partition, after, limit)
+        """Delete the expired retained records among the next `limit` of `partition`
+        (`_sweep`)."""
+
+        def expired(raw: bytes) -> tuple[int, bool]:
+            expires_ns, _finished, owner = retained_header(raw)
+            return owner, expires_ns <= now_ns
+
+        return self._sweep("retained", self.retained, self.sweep_after, partition, limit, expired)
+
+    def _sweep(
+        self,
+        name: str,
+        table: Table,
+        cursors: dict[int, bytes | None],
+        partition: int,
+        limit: int,
+        expired: Callable[[bytes], tuple[int, bool]],
+    ) -> int:
+        """Delete the records `expired` says are `partition`'s and past their time among
+        the next `limit` of the partition, in key order from where the last sweep stopped
+        (`cursors`; past the end it starts again). Unreadable records and records with a
+        staged write are left. Returns how many it deleted."""
+        items = self.scan(table, partition, cursors.get(partition), limit)
         deleted = 0
         for key, raw in items:
             try:
-                expires_ns, _finished, owner = retained_header(raw)
-            except ValueError:
+                owner, past = expired(raw)
+            except (ValueError, TypeError):
                 continue
-            staged = self.writes.get("retained", key) is not None
-            if owner == partition and expires_ns <= now_ns and not staged:
-                self.writes.put("retained", partition, key, None)
+            if owner == partition and past and self.writes.get(name, key) is None:
+                self.writes.put(name, partition, key, None)
                 deleted += 1
-        self.sweep_after[partition] = items[-1][0] if len(items) == limit else None
+        cursors[partition] = items[-1][0] if len(items) == limit else None
         return deleted
 
     def take_writes(self) -> Writes:
