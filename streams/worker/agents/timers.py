@@ -1,13 +1,18 @@
-"""The worker's timers: ticks, consumer lag, the input clock, memory trim.
+"""The worker's timers: ticks, consumer lag, the input clock and its marks, memory trim.
 
 Table writes need the partition of the run, i.e. a stream event. The tick timer
 (``LOOPWATCH_TICK_SECONDS``) sends a tiny tick message to each steps-topic partition that
 has due work; detect handles the tick after everything already queued on that partition (a
 backlog is processed before its runs can time out), releasing, finalizing, evicting
-(``LOOPWATCH_MAX_ACTIVE_RUNS``) and expiring finished-run markers of that partition. The
-tick carries the deadline clock of its send time and detect judges deadlines by that value:
-steps ingest delivered before the clock advanced are ahead of the tick on the partition,
-steps delivered after it may be behind it.
+(``LOOPWATCH_MAX_ACTIVE_RUNS``) and sweeping expired finished-run markers and retained runs
+of that partition. The tick carries the deadline clock of its send time and detect judges
+deadlines by that value: steps ingest delivered before the clock advanced are ahead of the
+tick on the partition, steps delivered after it may be behind it. Ticks also go out at once
+when the input clock advances and when a handled tick leaves work due (`wake`).
+
+The input clock's timer (``LOOPWATCH_INPUT_CLOCK_PROBE_SECONDS``) reads the input's end
+offsets, then sends this worker's delivered input offsets as marks to the steps partitions
+other workers own (`send_marks`).
 """
 
 from __future__ import annotations
