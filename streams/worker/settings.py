@@ -43,7 +43,7 @@ variable                                  default                     meaning
 ``LOOPWATCH_FINISHED_TTL_SECONDS``        ``3600``                    how long a finished run id is
                                                                       remembered (late spans of it
                                                                       are counted, not a new run);
-                                                                      on disk only, swept a slice
+                                                                      on disk only, a sweep pass
                                                                       a minute per partition
 ``LOOPWATCH_APP_ID``                      ``loopwatch``               consumer group / faust app id
                                                                       (prefix of changelog topics)

@@ -32,9 +32,9 @@ from streams.worker.state.store import Table, TableStore, Writes, decode_header
 log = logging.getLogger(__name__)
 
 # Expired finished-run markers, retained records and episodes are deleted a slice at a time,
-# per partition: SWEEP_BATCH records read (their header) every SWEEP_SECONDS, so a record
-# outlives its TTL or retention by at most (records in the partition / SWEEP_BATCH) sweep
-# periods.
+# per partition: a pass starts every SWEEP_SECONDS and reads SWEEP_BATCH records (their
+# header) a tick until it reaches the end of the partition, so a record outlives its TTL or
+# retention by at most a pass.
 SWEEP_SECONDS = 60
 SWEEP_NS = SWEEP_SECONDS * NS
 SWEEP_BATCH = 5_000
@@ -107,7 +107,8 @@ class RunDriver:
         self.ledger_tools = policy.reconcile_tools | {
             name for name, contract in policy.tools.items() if contract.side_effect
         }
-        self.swept_at: dict[int, int] = {}  # partition -> when its retained records were swept
+        self.swept_at: dict[int, int] = {}  # partition -> when its last sweep pass started
+        self.sweeping: set[int] = set()  # partitions with a sweep pass under way
         self.sweep_partitions: set[int] = set()  # assigned, or with retained writes since
         self.loop = RunLoop(
             policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS), links=links
@@ -157,6 +158,7 @@ class RunDriver:
             index.set(key_text(key), self.loop.deadline_for(env))
         if partitions is not None:  # every assigned partition may hold markers and records
             self.sweep_partitions = set(partitions)
+            self.sweeping.clear()
             self.store.sweep_after.clear()
             self.store.finished_after.clear()
 
@@ -172,6 +174,7 @@ class RunDriver:
                 due.add(p)
         swept = self.sweep_partitions | self.store.finished_partitions
         due.update(p for p in swept if now_ns - self.swept_at.get(p, 0) >= SWEEP_NS)
+        due.update(self.sweeping)  # a pass under way
         return due
 
     # ------------------------------------------------------------------ processing
@@ -213,14 +216,31 @@ class RunDriver:
         out = Outputs()
         self.loop.due(partition, now_ns, out, TICK_MAX_RUNS)
         self.retain(partition, out, now_ns)
-        if now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:
-            self.swept_at[partition] = now_ns
-            self.store.sweep_finished(partition, now_ns - self.finished_ttl_ns, SWEEP_BATCH)
-            if self.retention is not None:
-                self.store.sweep_retained(partition, now_ns, SWEEP_BATCH)
-                cutoff = now_ns - self.retention.looping_ns
-                self.store.sweep_episodes(partition, cutoff, SWEEP_BATCH)
+        passing = partition in self.sweeping
+        if passing or now_ns - self.swept_at.get(partition, 0) >= SWEEP_NS:
+            if not passing:
+                self.swept_at[partition] = now_ns  # a pass over the partition starts
+            if self.sweep(partition, now_ns):
+                self.sweeping.add(partition)
+            else:
+                self.sweeping.discard(partition)
         return out
+
+    def sweep(self, partition: int, now_ns: int) -> bool:
+        """A slice of the partition's expired finished markers, retained records and
+        episodes. True while the pass has more to read: it goes on at the next tick, so
+        that a pass over the partition starts every SWEEP_SECONDS and keeps pace with any
+        finish rate (one slice a minute fell behind at 83 finishes a second a partition)."""
+        store = self.store
+        store.sweep_finished(partition, now_ns - self.finished_ttl_ns, SWEEP_BATCH)
+        more = store.finished_after.get(partition) is not None
+        if self.retention is not None:
+            store.sweep_retained(partition, now_ns, SWEEP_BATCH)
+            cutoff = now_ns - self.retention.looping_ns
+            episodes = store.sweep_episodes(partition, cutoff, SWEEP_BATCH)
+            more = more or store.sweep_after.get(partition) is not None
+            more = more or episodes == SWEEP_BATCH
+        return more
 
     def retain(
         self,

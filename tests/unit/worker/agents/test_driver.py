@@ -898,3 +898,29 @@ def test_every_loop_episode_is_listed_by_time_and_swept_after_the_retention() ->
 def _groups(worker: FakeWorker, message: bytes) -> list[tuple[int, list[Any]]]:
     by_run, _invalid, _ = group_steps(worker.normalizer, decode_record(message, "otlp_proto", "t"))
     return [(key_partition(r.encode(), worker.partitions), s) for r, s in by_run.items()]
+
+
+def test_a_sweep_pass_goes_on_at_the_next_ticks_until_the_partition_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One slice a minute fell behind a finish rate above SWEEP_BATCH a minute a partition
+    (the markers grew on disk). A pass starts every SWEEP_SECONDS and its partition stays
+    due, a slice a tick, until the pass reaches its end."""
+    from streams.worker.agents import driver as driver_module
+
+    monkeypatch.setattr(driver_module, "SWEEP_BATCH", 3)
+    driver = RunDriver(stream_policy(), finished_ttl_seconds=60)
+    finished = {f"run-{i:02d}".encode(): encode_finished(1_000, 0) for i in range(10)}
+    driver.bind({}, finished)
+    now = 100 * NS
+    assert 0 not in driver.due_partitions(now)  # nothing finished here yet, not assigned
+    driver.rebuild([], {0}, now)
+    passes = 0
+    while 0 in driver.due_partitions(now):
+        driver.tick(0, now)
+        driver.store.apply_writes()
+        passes += 1
+        assert passes < 10
+    assert finished == {} and passes == 4  # 3 + 3 + 3 + 1 (the end)
+    assert 0 not in driver.due_partitions(now + driver_module.SWEEP_NS - 1)
+    assert 0 in driver.due_partitions(now + driver_module.SWEEP_NS)
