@@ -279,3 +279,21 @@ def test_scans_of_a_rocksdb_partition_read_in_order_and_leave_the_shared_cache_a
     assert memory.usage()["block_cache"] - before < 100_000  # 2 MB read, none of it kept
     db.get(b"r0500")  # a point read fills it
     assert memory.usage()["block_cache"] > before
+
+
+def test_estimated_keys_of_a_table_reads_rocksdbs_estimate_or_counts_the_memory_store(
+    tmp_path: Any,
+) -> None:
+    """/healthz `finished_markers`: rocksdb's `estimate-num-keys` of every open partition
+    (no read; faust's offset key is one of them), the in-memory store's count."""
+    app, table = rocksdb_app(tmp_path)
+    assert faust_internals.estimated_keys(table) == 0  # no partition open
+    for p in (0, 1):
+        db = table.data._db_for_partition(p)
+        for i in range(50):
+            db[b"run-%d-%02d" % (p, i)] = b"v"
+    assert faust_internals.estimated_keys(table) == 100
+    memory: Any = faust.App("internals-count-mem", broker="kafka://127.0.0.1:1", store="memory://")
+    plain = memory.Table("finished", default=int)
+    plain.data.data.update({b"a": b"1", b"b": b"2"})
+    assert faust_internals.estimated_keys(plain) == 2
