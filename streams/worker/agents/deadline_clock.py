@@ -64,14 +64,16 @@ class DeadlineClock:
         """Ingest delivered the steps of input records `first` .. `end` - 1 of `partition`
         (streams/worker/kafka/input_clock.py): when that advances the input clock, ticks go
         out at once (`on_advance`) rather than at the next timer."""
-        advanced = self.input is not None and self.input.delivered(partition, first, end)
-        if advanced and self.on_advance is not None:
-            self.on_advance()
+        if self.input is not None:
+            self._advanced(self.input.delivered(partition, first, end))
 
     def marked(self, delivered: Mapping[int, int]) -> None:
         """Another worker's mark (detect read it on the steps topic): its delivered input
         offsets. Ticks go out at once when that advances the input clock."""
-        advanced = self.input is not None and self.input.marked(delivered)
+        if self.input is not None:
+            self._advanced(self.input.marked(delivered))
+
+    def _advanced(self, advanced: bool) -> None:
         if advanced and self.on_advance is not None:
             self.on_advance()
 
@@ -92,10 +94,9 @@ class DeadlineClock:
         offsets = await asyncio.get_running_loop().run_in_executor(None, self._probe.read)
         if offsets is not None:
             before = self.input.now_ns
-            self.input.observe(at, *offsets)
+            clock = self.input.observe(at, *offsets)
             self.probe_ok_ns = time.time_ns()
-            if self.input.now_ns > before and self.on_advance is not None:
-                self.on_advance()
+            self._advanced(clock > before)
 
     def lag_seconds(self) -> float | None:
         """How far the input clock trails the wall clock (the gauge and /healthz); None

@@ -109,7 +109,6 @@ class RunDriver:
         }
         self.swept_at: dict[int, int] = {}  # partition -> when its last sweep pass started
         self.sweeping: set[int] = set()  # partitions with a sweep pass under way
-        self.sweep_partitions: set[int] = set()  # assigned, or with retained writes since
         self.loop = RunLoop(
             policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS), links=links
         )
@@ -157,7 +156,7 @@ class RunDriver:
             env.seen_ns = max(env.seen_ns, now_ns)
             index.set(key_text(key), self.loop.deadline_for(env))
         if partitions is not None:  # every assigned partition may hold markers and records
-            self.sweep_partitions = set(partitions)
+            self.store.sweep_partitions = set(partitions)
             self.sweeping.clear()
             self.store.sweep_after.clear()
             self.store.finished_after.clear()
@@ -172,8 +171,10 @@ class RunDriver:
             at = index.next_due(p)
             if at is not None and at <= now_ns:
                 due.add(p)
-        swept = self.sweep_partitions | self.store.finished_partitions
-        due.update(p for p in swept if now_ns - self.swept_at.get(p, 0) >= SWEEP_NS)
+        swept_at = self.swept_at
+        due.update(
+            p for p in self.store.sweep_partitions if now_ns - swept_at.get(p, 0) >= SWEEP_NS
+        )
         due.update(self.sweeping)  # a pass under way
         return due
 
@@ -255,7 +256,6 @@ class RunDriver:
         retention = self.retention
         if retention is None or not (out.events or out.summaries or calls):
             return
-        self.sweep_partitions.add(partition)
         events: dict[str, list[dict[str, Any]]] = {}
         for event in out.events:
             events.setdefault(event["run_id"], []).append(event)

@@ -152,7 +152,7 @@ class Timers:
 
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("ticks on an input clock advance not sent (the timer sends them): %s", exc)
+        log.warning("ticks sent early not sent (the tick timer sends them): %s", exc)
 
 
 def _load_malloc_trim() -> Callable[[int], int] | None:

@@ -12,8 +12,8 @@ after downtime it holds runs until the backlog is drained.
 A partition's progress is the largest of three promises: the group's committed offset (any
 worker's work, known a commit and a probe later), this worker's own delivered offset
 (ingest's steps delivered for every record before it, known at once), and the delivered
-offsets other workers send in marks on the steps topic (known when detect reads the mark). The second is what
-keeps the clock within a fraction of a second of the wall clock: waiting for the commit and
+offsets other workers send in marks on the steps topic (known when detect reads the
+mark). The last two keep the clock within a fraction of a second of the wall clock: waiting for the commit and
 the next probe cost 1-1.5 s a release (docs/PERFORMANCE.md "Where unkeyed detection latency
 goes"). Delivered offsets are only taken as a contiguous extension of what is already
 promised, so a record whose steps were never delivered (a failed acknowledgement) holds the
@@ -40,7 +40,7 @@ MAX_SNAPSHOTS = 3600  # one per tick: an hour of backlog at 1 s ticks
 
 class InputClock:
     """Snapshots of the input's end offsets, released once every partition's progress (the
-    group's commits or this worker's deliveries) passes them."""
+    group's commits, this worker's deliveries or other workers' marks) passes them."""
 
     def __init__(self, start_ns: int) -> None:
         self.now_ns = start_ns  # nothing before the worker started is promised
@@ -58,7 +58,8 @@ class InputClock:
             self._snapshots.popleft()  # coarser, never wrong: the clock just waits longer
         for p, offset in committed.items():
             self._committed[p] = max(offset, self._committed.get(p, offset))
-        return self._release()
+        self._release()
+        return self.now_ns
 
     def delivered(self, partition: int, first: int, end: int) -> bool:
         """This worker delivered the steps of records `first` .. `end` - 1 of `partition`.
@@ -69,8 +70,7 @@ class InputClock:
         if end <= self._delivered.get(partition, 0):
             return False
         self._delivered[partition] = end
-        before = self.now_ns
-        return self._release() > before
+        return self._release()
 
     def marked(self, delivered: Mapping[int, int]) -> bool:
         """Another worker's mark: its ingest delivered the steps of every record below
@@ -79,8 +79,7 @@ class InputClock:
         for p, end in delivered.items():
             if end > self._marked.get(p, 0):
                 self._marked[p] = end
-        before = self.now_ns
-        return self._release() > before
+        return self._release()
 
     def own_deliveries(self) -> dict[int, int]:
         """This worker's delivered offsets, for its marks."""
@@ -93,14 +92,17 @@ class InputClock:
             self._marked.get(partition, 0),
         )
 
-    def _release(self) -> int:
+    def _release(self) -> bool:
+        """Drop the snapshots every partition's progress has passed, the clock to the last
+        of them. Returns whether the clock advanced."""
+        before = self.now_ns
         while self._snapshots:
             at, snapshot = self._snapshots[0]
             if any(self._progress(p) < end for p, end in snapshot.items()):
                 break
             self._snapshots.popleft()
             self.now_ns = max(self.now_ns, at)
-        return self.now_ns
+        return self.now_ns > before
 
     @property
     def behind(self) -> int:

@@ -180,7 +180,9 @@ class TableStore:
         self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
         self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
         self.finished_after: dict[int, bytes | None] = {}  # ... the markers' sweep
-        self.finished_partitions: set[int] = set()  # with markers set since the start
+        # what the sweeps go through: the assigned partitions (the worker's rebuild) and
+        # any this store has set a finished marker or a retained record in since
+        self.sweep_partitions: set[int] = set()
         self.state_writes = 0
         self.state_write_bytes = 0
 
@@ -220,7 +222,7 @@ class TableStore:
         self.finishing[run_id] = state
         self.writes.put("runs", partition, key, None)
         self.writes.put("finished", partition, key, encode_finished(now_ns, partition))
-        self.finished_partitions.add(partition)
+        self.sweep_partitions.add(partition)
 
     def is_finished(self, run_id: str) -> bool:
         return self._read("finished", self.finished, run_id.encode("utf-8")) is not None
@@ -244,6 +246,7 @@ class TableStore:
 
     def put_retained(self, partition: int, key: bytes, value: bytes | None) -> None:
         self.writes.put("retained", partition, key, value)
+        self.sweep_partitions.add(partition)
 
     def put_episode(self, partition: int, key: bytes, value: bytes) -> None:
         self.writes.put("episodes", partition, key, value)
