@@ -9,7 +9,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
 | `share_store_memory` | `table.data.rocksdb_options`: faust's `RocksDBOptions.as_options()` gives every partition of every table a block cache of its own and no write buffer manager; replaced by one built on a shared cache and manager | replace |
-| `partition_items` | `table.data._dbs[p].items(from_key=...)`: one partition's records in key order, for the retained-run sweep | read |
+| `partition_items` | `table.data._dbs[p].items(from_key=...)`: one partition's records in key order, read as iterated, for the sweeps | read |
 | `newest_first` | `items(backwards=True)` on the same database: the latest loop episodes of a window, read from the end | read |
 | `prefix_items` | the same seek: the runs whose ids start with what on-call pasted (`query run 773fd730`) | read |
 | `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
@@ -191,32 +191,33 @@ def table_databases(table: Any) -> list[Any]:
 
 def partition_items(
     table: Any, partition: int, after: bytes | None, limit: int
-) -> list[tuple[bytes, bytes]]:
+) -> Iterator[tuple[bytes, bytes]]:
     """Up to `limit` items of one partition of a rocksdb table in key order, after the key
     `after` (`table.data._dbs[partition]`, rocksdict's `items(from_key=...)`: faust has no
-    per-partition or ranged read). The in-memory store keeps no partitions: all its items.
-    faust's own offset key is not an item."""
+    per-partition or ranged read), read as the caller iterates. The in-memory store keeps
+    no partitions: all its items. faust's own offset key is not an item."""
     dbs = getattr(table.data, "_dbs", None)
     if dbs is None:  # the memory store: a dict of every partition's keys
         from streams.worker.state.store import scan_mapping
 
-        return scan_mapping(table.data.data, partition, after, limit)
+        yield from scan_mapping(table.data.data, partition, after, limit)
+        return
     db = dbs.get(partition)
-    if db is None:
-        return []
+    if db is None or limit <= 0:
+        return
     offset_key = table.data.offset_key
-    out: list[tuple[bytes, bytes]] = []
     scan = _scan_options()
     items = (
         db.items(from_key=after, read_opt=scan) if after is not None else db.items(read_opt=scan)
     )
+    read = 0
     for key, value in items:
         if key in (after, offset_key):
             continue
-        out.append((key, value))
-        if len(out) >= limit:
-            break
-    return out
+        yield key, value
+        read += 1
+        if read >= limit:
+            return
 
 
 def prefix_items(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +31,10 @@ from streams.worker.state.retained import header as retained_header
 ENVELOPE_VERSION = 1
 
 Table = MutableMapping[bytes, bytes]
-# (table, partition, after this key or from the first, at most n) -> items in key order
-Scan = Callable[[Table, int, bytes | None, int], list[tuple[bytes, bytes]]]
+# (table, partition, after this key or from the first, at most n) -> items in key order,
+# read as they are iterated: a sweep holds one record at a time, not a slice of them (a
+# slice of 5,000 retained records was a burst that grew with the history kept)
+Scan = Callable[[Table, int, bytes | None, int], Iterable[tuple[bytes, bytes]]]
 
 
 def scan_mapping(
@@ -286,9 +288,10 @@ class TableStore:
         the next `limit` of the partition, in key order from where the last sweep stopped
         (`cursors`; past the end it starts again). Unreadable records and records with a
         staged write are left. Returns how many it deleted."""
-        items = self.scan(table, partition, cursors.get(partition), limit)
-        deleted = 0
-        for key, raw in items:
+        deleted = read = 0
+        last: bytes | None = None
+        for key, raw in self.scan(table, partition, cursors.get(partition), limit):
+            read, last = read + 1, key
             try:
                 owner, past = expired(raw)
             except (ValueError, TypeError):
@@ -296,7 +299,7 @@ class TableStore:
             if owner == partition and past and self.writes.get(name, key) is None:
                 self.writes.put(name, partition, key, None)
                 deleted += 1
-        cursors[partition] = items[-1][0] if len(items) == limit else None
+        cursors[partition] = last if read == limit else None
         return deleted
 
     def take_writes(self) -> Writes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -810,6 +811,38 @@ def test_the_sweep_takes_a_partition_a_slice_at_a_time() -> None:
     assert sum(deleted) == 30 and len(table) == 70  # the even keys below 60 are gone
     assert all(int(k[4:]) % 2 or int(k[4:]) >= 60 for k in table)
     assert store.sweep_after[0] is None  # past the end: the next slice starts again
+
+
+def test_a_sweep_reads_its_slice_one_record_at_a_time() -> None:
+    """The sweeps read records as they go, not a slice held at once (5,000 retained records
+    in a list were a burst that grew with the history kept), and the episodes' sweep
+    stops reading at its first record inside the retention."""
+    from streams.worker.state import episodes
+    from streams.worker.state.retained import encode
+    from streams.worker.state.store import TableStore, scan_mapping
+
+    handed: list[int] = []  # records handed out by the scan, per call
+
+    def counting_scan(
+        table: Any, partition: int, after: bytes | None, limit: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        handed.append(0)
+        for item in scan_mapping(table, partition, after, limit):
+            handed[-1] += 1
+            yield item
+
+    store = TableStore()
+    store.scan = counting_scan
+    retained = {f"run-{i:03d}".encode(): encode({}, 0, 100, 1) for i in range(50)}
+    listed = {
+        episodes.key({"run_id": f"r{i}", "event_id": f"e{i}"}, t): b"{}"
+        for i, t in enumerate([10, 20, 30, 10**12, 2 * 10**12, 3 * 10**12])
+    }
+    store.bind({}, {}, retained, listed)
+    assert store.sweep_retained(0, 1000, 20) == 20
+    assert store.sweep_after[0] == b"run-019"  # the cursor: the last key read
+    assert store.sweep_episodes(0, 10**9, 100) == 3
+    assert handed == [20, 4]  # the episodes' sweep read one past the retention, not 100
 
 
 def test_the_side_effect_ledger_says_whether_a_refund_went_out_before_the_loop() -> None:
