@@ -78,7 +78,9 @@ variable                                  default                     meaning
                                                                       acknowledged after; ``0``:
                                                                       after every batch
 ``LOOPWATCH_STATE_CACHE``                 ``10000``                   decoded run states kept in
-                                                                      memory (write-through)
+                                                                      memory (write-through; a
+                                                                      run whose root ended with
+                                                                      nothing waiting is not kept)
 ``LOOPWATCH_LINGER_MS``                   ``10``                      producer linger (batching)
 ``LOOPWATCH_PRODUCER_BATCH_KB``           ``256``                     producer record batch size
                                                                       per partition (faust's

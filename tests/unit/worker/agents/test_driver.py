@@ -380,6 +380,32 @@ def test_the_markers_sweep_goes_through_a_partition_in_slices() -> None:
     assert sorted(key for _t, _p, key, value in writes if value is None) == [b"a", b"d"]
 
 
+def test_a_settled_runs_state_is_not_cached() -> None:
+    """The state cache keeps runs that will be loaded again soon: one whose root has not
+    ended is. One whose root ended with nothing waiting is loaded once more, to be
+    finalized after the grace: its decoded state is not held until then, and the
+    finalization reads it from the table."""
+    policy = stream_policy(
+        allowed_lateness_seconds=2, finalize_grace_seconds=10, idle_timeout_seconds=600
+    )
+    worker = FakeWorker(policy)
+    open_run, done_run = Run(trace=60), Run(trace=61)
+    for run in (open_run, done_run):
+        for _ in range(3):
+            run.tool("lookup_order", {"order_id": "A1"}, {"status": "pending"})
+    done_run.root()
+    worker.feed(encode_request(open_run.spans + done_run.spans))
+    assert done_run.trace_id in worker.driver.cache  # its last steps wait for the lateness
+    worker.advance(3)  # released: the open run waits for more, the done one for the grace
+    assert open_run.trace_id in worker.driver.cache
+    assert done_run.trace_id not in worker.driver.cache
+    assert done_run.trace_id.encode() in worker.runs and not worker.summaries
+    worker.advance(10)
+    assert [s["run_id"] for s in worker.summaries] == [done_run.trace_id]
+    assert worker.summaries[0]["tool_calls"] == 3  # the state read back from the table
+    assert not worker.runs.get(done_run.trace_id.encode())
+
+
 def test_capacity_evicts_the_oldest_idle_runs() -> None:
 
     policy = stream_policy(idle_timeout_seconds=600)
