@@ -6,8 +6,9 @@
    database opened as the worker opens a table partition (faust's RocksDBOptions with the
    worker's settings), each count in a process of its own; disk after a flush and a
    compaction, peak RSS of that process.
-3. The sweep: reading SWEEP_BATCH records' headers in key order from that database
-   (rocksdict items(from_key)), per record and per slice.
+3. The sweep, with the records' expiries spread over a day: what a minute's sweep reads
+   (the expiry index from the minute's first entry, and the records due), against a pass
+   over every record's header (what the sweep read each minute before the index).
 
 `python -m bench.retention_bench [--spans N] [--runs 100000,1000000]` prints a table.
 """
@@ -20,6 +21,7 @@ import json
 import os
 import resource
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPING_SHARE = 0.05  # of finished runs, for the mixed figures
+RETENTION_S = 24 * 3600  # the records' expiries are spread over a day (clean runs' default)
+_HEAD = struct.Struct(">cqqH")  # a record's header (streams/worker/state/retained.py)
 
 
 def record_sizes(total_spans: int) -> dict[str, Any]:
@@ -41,7 +45,7 @@ def record_sizes(total_spans: int) -> dict[str, Any]:
     from streams.spanpath.normalize import Normalizer
     from streams.spanpath.otlp import decode_record
     from streams.worker.agents.driver import RunDriver
-    from streams.worker.state.retained import Retention, decode
+    from streams.worker.state.retained import Retention, decode, is_record_key
 
     policy = load_policy(ROOT / "examples" / "loopwatch.yaml")
     normalizer = Normalizer(policy, Fingerprinter(b"bench"))
@@ -59,10 +63,11 @@ def record_sizes(total_spans: int) -> dict[str, Any]:
     now += 3600 * NS  # everything finalizes
     driver.tick(0, now)
     driver.apply_writes()
-    looping = [v for v in retained.values() if decode(v).get("events")]
-    clean = [v for v in retained.values() if not decode(v).get("events")]
+    records = [v for k, v in retained.items() if is_record_key(k)]  # not the expiry index
+    looping = [v for v in records if decode(v).get("events")]
+    clean = [v for v in records if not decode(v).get("events")]
     return {
-        "runs": len(retained),
+        "runs": len(records),
         "looping_runs": len(looping),
         "looping_bytes": sum(map(len, looping)) / max(1, len(looping)),
         "clean_bytes": sum(map(len, clean)) / max(1, len(clean)),
@@ -76,7 +81,13 @@ def _store_child(path: str, runs: int, samples_file: str) -> None:
     from faust.stores.rocksdb import RocksDBOptions
 
     from streams.worker.settings import WorkerSettings
-    from streams.worker.state.retained import header
+    from streams.worker.state.retained import (
+        header,
+        index_entry,
+        index_key,
+        index_value,
+        is_record_key,
+    )
 
     options: Any = WorkerSettings.from_env({}).rocksdb_options()
     db = RocksDBOptions(**options).open(Path(path), read_only=False)
@@ -84,26 +95,47 @@ def _store_child(path: str, runs: int, samples_file: str) -> None:
     looping = [bytes.fromhex(v) for v in samples["looping"]] or [b"R" + bytes(18)]
     clean = [bytes.fromhex(v) for v in samples["clean"]] or [b"R" + bytes(18)]
     every = round(1 / LOOPING_SHARE)
+    # a day of finishes at a steady rate: expiries spread over RETENTION_S, each record
+    # with its expiry index entry, as the worker writes them
+    base = time.time_ns()
+    step = RETENTION_S * 10**9 // runs
     started = time.perf_counter()
     for i in range(runs):
         value = looping[i % len(looping)] if i % every == 0 else clean[i % len(clean)]
-        db.put(hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest().encode(), value)
+        expires = base + i * step
+        key = hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest().encode()
+        db.put(key, _HEAD.pack(b"R", expires, base, 0) + value[_HEAD.size :])
+        db.put(index_key(expires, key), index_value(0))
     write_s = time.perf_counter() - started
     db.flush()
     db.compact_range(None, None)
     disk = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-    # the sweep: SWEEP_BATCH headers in key order from a key in the middle
-    from streams.worker.agents.driver import SWEEP_BATCH
+    # peak RSS written and compacted, before the reads below map the files in
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # before the index: a pass read every record's header, once a minute
+    from streams.worker.agents.driver import SWEEP_SECONDS
 
     started = time.perf_counter()
-    n = 0
-    for _key, value in db.items(from_key=b"8"):  # from the middle of the key space
-        header(value)
-        n += 1
-        if n == SWEEP_BATCH:
+    passed = 0
+    for key, value in db.items():
+        if not is_record_key(key):
             break
-    sweep_s = time.perf_counter() - started
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        header(value)
+        passed += 1
+    pass_s = time.perf_counter() - started
+    # with it: a minute's sweep reads the entries that expired in that minute (and one
+    # more), and reads and deletes their records (deletes not applied here)
+    due_by = base + (RETENTION_S // 2 + SWEEP_SECONDS) * 10**9  # a minute, half a day on
+    first = index_key(base + RETENTION_S // 2 * 10**9, b"")
+    started = time.perf_counter()
+    due = 0
+    for key, value in db.items(from_key=first):
+        expires_ns, record, _p = index_entry(key, value)
+        if expires_ns > due_by:
+            break
+        header(db[record])
+        due += 1
+    minute_s = time.perf_counter() - started
     print(
         json.dumps(
             {
@@ -111,8 +143,10 @@ def _store_child(path: str, runs: int, samples_file: str) -> None:
                 "disk_mib": disk / 2**20,
                 "rss_mib": rss,
                 "write_s": write_s,
-                "sweep_slice_ms": sweep_s * 1000,
-                "sweep_us_per_record": sweep_s * 1e6 / max(1, n),
+                "pass_records": passed,
+                "pass_ms": pass_s * 1000,
+                "minute_records": due,
+                "minute_ms": minute_s * 1000,
             }
         )
     )
@@ -167,8 +201,15 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
             (
                 f"retained table, {s['runs']:,} runs ({LOOPING_SHARE:.0%} looped)",
                 f"{s['disk_mib']:,.1f} MiB disk, {s['rss_mib']:,.0f} MiB RSS",
-                f"written in {s['write_s']:,.1f} s; a sweep slice {s['sweep_slice_ms']:,.1f} ms "
-                f"({s['sweep_us_per_record']:,.2f} us a record)",
+                f"written in {s['write_s']:,.1f} s, with the expiry index",
+            )
+        )
+        out.append(
+            (
+                f"retention sweep a minute, {s['runs']:,} kept over a day",
+                f"{s['minute_ms']:,.1f} ms for {s['minute_records']:,} records",
+                f"the expired ones; a pass over every record (before the index): "
+                f"{s['pass_ms']:,.0f} ms for {s['pass_records']:,}",
             )
         )
     return out

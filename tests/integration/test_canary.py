@@ -155,7 +155,8 @@ def _wait(predicate: Any, what: str, timeout: float = TIMEOUT) -> None:
 
 def record_text(msg: Any) -> str:
     value = msg.value() or b""
-    if msg.topic().endswith("-retained-changelog") and value:
+    record = retained.is_record_key(msg.key() or b"")  # not the expiry index, scanned raw
+    if msg.topic().endswith("-retained-changelog") and value and record:
         # retained-run records are compressed: scan what they hold, decompressed
         value = json.dumps(retained.decode(value)).encode()
     parts = [msg.key() or b"", value]

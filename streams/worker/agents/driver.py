@@ -32,9 +32,11 @@ from streams.worker.state.store import Table, TableStore, Writes, decode_header
 log = logging.getLogger(__name__)
 
 # Expired finished-run markers, retained records and episodes are deleted a slice at a time,
-# per partition: a pass starts every SWEEP_SECONDS and reads SWEEP_BATCH records (their
-# header) a tick until it reaches the end of the partition, so a record outlives its TTL or
-# retention by at most a pass.
+# per partition: a pass starts every SWEEP_SECONDS and reads SWEEP_BATCH records a tick
+# until it is through, so a record outlives its TTL or retention by at most a pass. The
+# markers' pass reads every marker (as many as the TTL holds); the retained records' and
+# the episodes' read in expiry order and stop at the first one not due (the retained
+# table's expiry index: a record is kept a day or a week, so every record was millions).
 SWEEP_SECONDS = 60
 SWEEP_NS = SWEEP_SECONDS * NS
 SWEEP_BATCH = 5_000
@@ -160,6 +162,7 @@ class RunDriver:
             self.sweeping.clear()
             self.store.sweep_after.clear()
             self.store.finished_after.clear()
+            self.store.retained_indexed.clear()  # read again from the tables' marks
 
     def due_partitions(self, now_ns: int) -> set[int]:
         """Partitions with work for a tick: due runs, or a sweep (finished markers past

@@ -24,9 +24,9 @@ from typing import Any
 from detectors.state import RunState
 from detectors.versions import Seen, Slice
 from streams.runloop.loop import Envelope
+from streams.worker.state import retained as retained_records
 from streams.worker.state.codec import decode_state, encode_state
 from streams.worker.state.episodes import key_ns as episode_key_ns
-from streams.worker.state.retained import header as retained_header
 
 ENVELOPE_VERSION = 1
 
@@ -169,6 +169,16 @@ def awaits_more(env: Envelope) -> bool:
     return env.root_end_ns is None or env.pending > 0 or bool(env.candidates)
 
 
+def _expiry(raw: bytes | None) -> int | None:
+    """A retained record's expiry (None: no record, or not one)."""
+    if raw is None:
+        return None
+    try:
+        return retained_records.header(raw)[0]
+    except ValueError:
+        return None
+
+
 class TableStore:
     """The run loop's store over the `runs` and `finished` tables (`bind` them before use).
 
@@ -193,6 +203,7 @@ class TableStore:
         self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
         self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
         self.finished_after: dict[int, bytes | None] = {}  # ... the markers' sweep
+        self.retained_indexed: set[int] = set()  # partitions whose records are all indexed
         # what the sweeps go through: the assigned partitions (the worker's rebuild) and
         # any this store has set a finished marker or a retained record in since
         self.sweep_partitions: set[int] = set()
@@ -258,6 +269,19 @@ class TableStore:
         return self._read("retained", self.retained, key)
 
     def put_retained(self, partition: int, key: bytes, value: bytes | None) -> None:
+        """Write (None: delete) a retained record, and move its entry in the expiry index
+        when its expiry changes."""
+        before, after = _expiry(self._read("retained", self.retained, key)), _expiry(value)
+        if before != after:
+            if before is not None:
+                self.writes.put(
+                    "retained", partition, retained_records.index_key(before, key), None
+                )
+            if after is not None:
+                index = retained_records.index_key(after, key)
+                self.writes.put(
+                    "retained", partition, index, retained_records.index_value(partition)
+                )
         self.writes.put("retained", partition, key, value)
         self.sweep_partitions.add(partition)
 
@@ -277,14 +301,81 @@ class TableStore:
         return deleted
 
     def sweep_retained(self, partition: int, now_ns: int, limit: int) -> int:
-        """Delete the expired retained records among the next `limit` of `partition`
-        (`_sweep`)."""
+        """Delete `partition`'s expired retained records: the next `limit` entries of the
+        expiry index, up to the first one not yet due, and the records they point to (a
+        record whose expiry moved has an entry of its own). A partition not yet marked
+        indexed first gets one pass over its records (`_index_retained`). The cursor
+        (`sweep_after`) stays set while the slice was full. Returns how many it deleted."""
+        if not self._retained_indexed(partition):
+            return self._index_retained(partition, now_ns, limit)
+        deleted = read = 0
+        last, due = None, True
+        after = self.sweep_after.get(partition) or retained_records.INDEX
+        for key, raw in self.scan(self.retained, partition, after, limit):
+            read, last = read + 1, key
+            try:
+                expires_ns, record, owner = retained_records.index_entry(key, raw)
+            except ValueError:
+                continue
+            if expires_ns > now_ns:
+                due = False
+                break
+            if owner != partition or self.writes.get("retained", key) is not None:
+                continue
+            self.writes.put("retained", partition, key, None)
+            current = self._read("retained", self.retained, record)
+            if current is not None and self.writes.get("retained", record) is None:
+                try:
+                    expires, _finished, owner = retained_records.header(current)
+                except ValueError:
+                    continue
+                if expires <= now_ns and owner == partition:
+                    self.writes.put("retained", partition, record, None)
+                    deleted += 1
+        self.sweep_after[partition] = last if due and read == limit else None
+        return deleted
 
-        def expired(raw: bytes) -> tuple[int, bool]:
-            expires_ns, _finished, owner = retained_header(raw)
-            return owner, expires_ns <= now_ns
+    def _retained_indexed(self, partition: int) -> bool:
+        if partition in self.retained_indexed:
+            return True
+        if self._read("retained", self.retained, retained_records.indexed_key(partition)):
+            self.retained_indexed.add(partition)
+            return True
+        return False
 
-        return self._sweep("retained", self.retained, self.sweep_after, partition, limit, expired)
+    def _index_retained(self, partition: int, now_ns: int, limit: int) -> int:
+        """A slice of one pass over `partition`'s records (those written before the expiry
+        index, or a table restored without it): the expired ones are deleted, the others
+        get their index entry. At the pass's end the partition is marked indexed, and only
+        the index is read from then on. Returns how many it deleted."""
+        deleted = read = 0
+        last: bytes | None = None
+        for key, raw in self.scan(self.retained, partition, self.sweep_after.get(partition), limit):
+            if not retained_records.is_record_key(key):
+                break  # past the records: the index and the marks sort after them
+            read, last = read + 1, key
+            try:
+                expires_ns, _finished, owner = retained_records.header(raw)
+            except ValueError:
+                continue
+            if owner != partition or self.writes.get("retained", key) is not None:
+                continue
+            if expires_ns <= now_ns:
+                self.writes.put("retained", partition, key, None)
+                deleted += 1
+                continue
+            index = retained_records.index_key(expires_ns, key)
+            if self._read("retained", self.retained, index) is None:
+                self.writes.put(
+                    "retained", partition, index, retained_records.index_value(partition)
+                )
+        if read == limit:
+            self.sweep_after[partition] = last
+        else:
+            self.sweep_after[partition] = None
+            self.writes.put("retained", partition, retained_records.indexed_key(partition), b"1")
+            self.retained_indexed.add(partition)
+        return deleted
 
     def _sweep(
         self,

@@ -202,6 +202,23 @@ def test_partition_items_reads_one_partition_in_key_order_from_a_key(tmp_path: A
     rest = list(faust_internals.partition_items(table, 1, first[-1][0], 10))
     assert rest == [(b"run-7", b"v7"), (b"run-9", b"v9")]
     assert list(faust_internals.partition_items(table, 5, None, 10)) == []  # not open here
+    # the retained table's expiry index (streams/worker/state/retained.py): rocksdb's
+    # bytewise order puts its keys after every run id, in expiry order, and a scan from
+    # its prefix reads them only
+    from streams.worker.state.retained import INDEX, index_key
+
+    with faust_internals.in_event(_Event(1)):
+        for expires in (300, 7, 10**15):
+            table[index_key(expires, b"run-x")] = b"\x00\x01"
+    assert [k for k, _ in faust_internals.partition_items(table, 1, None, 10)][5:] == [
+        index_key(7, b"run-x"),
+        index_key(300, b"run-x"),
+        index_key(10**15, b"run-x"),
+    ]
+    assert len(list(faust_internals.partition_items(table, 1, INDEX, 10))) == 3
+    for expires in (300, 7, 10**15):
+        with faust_internals.in_event(_Event(1)):
+            del table[index_key(expires, b"run-x")]
     memory: Any = faust.App("internals-items-m", broker="kafka://127.0.0.1:1", store="memory://")
     mtable = memory.Table("retained", key_type=bytes, value_type=bytes)
     mtable.data.data.update({b"b": b"2", b"a": b"1", b"c": b"3"})

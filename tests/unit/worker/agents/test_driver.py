@@ -30,6 +30,7 @@ from streams.worker.agents.messages import (
     key_partition,
 )
 from streams.worker.api.answers import run_view
+from streams.worker.state.retained import INDEX, index_key, indexed_key, is_record_key
 from streams.worker.state.store import (
     Envelope,
     TableStore,
@@ -800,8 +801,15 @@ def test_a_finished_run_that_looped_is_kept_with_its_summary_events_and_steps() 
     assert doc["summary"]["shapes"] == [] and doc["events"] == [] and doc["timeline"] == []
 
 
+def _kept_records(worker: FakeWorker) -> dict[bytes, bytes]:
+    from streams.worker.state.retained import is_record_key
+
+    return {k: v for k, v in worker.retained.items() if is_record_key(k)}
+
+
 def test_expired_runs_are_swept_and_the_rest_kept() -> None:
     from streams.worker.agents import driver as driver_module
+    from streams.worker.state.retained import INDEX
 
     worker = retaining_worker(looping_h=2, clean_h=1)
     for trace in range(70, 90):
@@ -811,14 +819,16 @@ def test_expired_runs_are_swept_and_the_rest_kept() -> None:
         run.root()
         worker.feed(encode_request(run.spans))
     worker.advance(10)
-    assert len(worker.retained) == 20
+    assert len(_kept_records(worker)) == 20
     worker.advance(3600 + 60)  # clean runs expired, looping ones not yet
-    assert len(worker.retained) == 10
-    kept = {bytes.fromhex(k.decode())[-1] for k in worker.retained}
+    assert len(_kept_records(worker)) == 10
+    kept = {bytes.fromhex(k.decode())[-1] for k in _kept_records(worker)}
     assert all(n % 2 for n in kept)
+    assert sum(k.startswith(INDEX) for k in worker.retained) == 10  # one entry a record
     for _ in range(2):  # swept in slices of SWEEP_BATCH, once a SWEEP_SECONDS
         worker.advance(3600)
-    assert worker.retained == {}
+    assert _kept_records(worker) == {}
+    assert not any(k.startswith(INDEX) for k in worker.retained)
     assert driver_module.SWEEP_BATCH >= 1
 
 
@@ -831,12 +841,60 @@ def test_the_sweep_takes_a_partition_a_slice_at_a_time() -> None:
         f"run-{i:03d}".encode(): encode({}, i % 2, 100 if i < 60 else 10**12, 1) for i in range(100)
     }
     store.bind({}, {}, table)
-    # partition 0's records, 20 keys read at a time from where the last slice stopped
+    # records written before the expiry index: one pass over partition 0's records, 20
+    # keys read at a time from where the last slice stopped, indexes the live ones
     deleted = [store.sweep_retained(0, 1000, 20) for _ in range(6)]
     store.apply_writes()
-    assert sum(deleted) == 30 and len(table) == 70  # the even keys below 60 are gone
-    assert all(int(k[4:]) % 2 or int(k[4:]) >= 60 for k in table)
+    records = {k for k in table if is_record_key(k)}
+    assert sum(deleted) == 30 and len(records) == 70  # the even keys below 60 are gone
+    assert all(int(k[4:]) % 2 or int(k[4:]) >= 60 for k in records)
     assert store.sweep_after[0] is None  # past the end: the next slice starts again
+    index = sorted(k for k in table if k.startswith(INDEX))
+    assert index == sorted(index_key(10**12, f"run-{i:03d}".encode()) for i in range(60, 100, 2))
+    assert indexed_key(0) in table and indexed_key(1) not in table
+    # from then on the index: nothing more is due until the live records' time
+    assert store.sweep_retained(0, 10**12 - 1, 20) == 0
+    assert store.sweep_retained(0, 10**12, 20) == 20
+    store.apply_writes()
+    assert all(int(k[4:]) % 2 for k in table if is_record_key(k))
+
+
+def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
+    """A record is kept for a day or a week, so a sweep that read every record each minute
+    read millions a minute at a steady finish rate. The expiry index is read in expiry
+    order up to the first entry not yet due: a sweep reads the records due and one more,
+    however many are kept, and a record whose expiry moved is deleted at its new time."""
+    from streams.worker.state.retained import encode
+    from streams.worker.state.store import TableStore, scan_mapping
+
+    handed: list[int] = []
+
+    def counting_scan(
+        table: Any, partition: int, after: bytes | None, limit: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        handed.append(0)
+        for item in scan_mapping(table, partition, after, limit):
+            handed[-1] += 1
+            yield item
+
+    store = TableStore()
+    store.scan = counting_scan
+    table: dict[bytes, bytes] = {}
+    store.bind({}, {}, table)
+    store.sweep_retained(0, 0, 5_000)  # an empty partition: marked indexed at once
+    for i in range(2_000):
+        expires = 100 + i if i < 10 else 10**12  # ten due soon, the rest kept long
+        store.put_retained(0, f"run-{i:04d}".encode(), encode({}, 0, expires, 1))
+    moved = b"run-0003"  # its expiry moved out: its old entry goes, its record stays
+    store.put_retained(0, moved, encode({"again": 1}, 0, 10**12 + 5, 1))
+    store.apply_writes()
+    handed.clear()
+    assert store.sweep_retained(0, 1_000, 5_000) == 9
+    assert handed == [10]  # nine entries due, then the first one that is not: 10 read
+    store.apply_writes()
+    records = {k for k in table if is_record_key(k)}
+    assert len(records) == 1_991 and moved in records
+    assert store.sweep_after[0] is None
 
 
 def test_a_sweep_reads_its_slice_one_record_at_a_time() -> None:
