@@ -859,13 +859,9 @@ def test_the_sweep_takes_a_partition_a_slice_at_a_time() -> None:
     assert all(int(k[4:]) % 2 for k in table if is_record_key(k))
 
 
-def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
-    """A record is kept for a day or a week, so a sweep that read every record each minute
-    read millions a minute at a steady finish rate. The expiry index is read in expiry
-    order up to the first entry not yet due: a sweep reads the records due and one more,
-    however many are kept, and a record whose expiry moved is deleted at its new time."""
-    from streams.worker.state.retained import encode
-    from streams.worker.state.store import TableStore, scan_mapping
+def _counting_store() -> tuple[TableStore, list[int]]:
+    """A store whose scans count the records they hand out, per call."""
+    from streams.worker.state.store import scan_mapping
 
     handed: list[int] = []
 
@@ -879,6 +875,17 @@ def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
 
     store = TableStore()
     store.scan = counting_scan
+    return store, handed
+
+
+def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
+    """A record is kept for a day or a week, so a sweep that read every record each minute
+    read millions a minute at a steady finish rate. The expiry index is read in expiry
+    order up to the first entry not yet due: a sweep reads the records due and one more,
+    however many are kept, and a record whose expiry moved is deleted at its new time."""
+    from streams.worker.state.retained import encode
+
+    store, handed = _counting_store()
     table: dict[bytes, bytes] = {}
     store.bind({}, {}, table)
     store.sweep_retained(0, 0, 5_000)  # an empty partition: marked indexed at once
@@ -903,20 +910,8 @@ def test_a_sweep_reads_its_slice_one_record_at_a_time() -> None:
     stops reading at its first record inside the retention."""
     from streams.worker.state import episodes
     from streams.worker.state.retained import encode
-    from streams.worker.state.store import TableStore, scan_mapping
 
-    handed: list[int] = []  # records handed out by the scan, per call
-
-    def counting_scan(
-        table: Any, partition: int, after: bytes | None, limit: int
-    ) -> Iterator[tuple[bytes, bytes]]:
-        handed.append(0)
-        for item in scan_mapping(table, partition, after, limit):
-            handed[-1] += 1
-            yield item
-
-    store = TableStore()
-    store.scan = counting_scan
+    store, handed = _counting_store()
     retained = {f"run-{i:03d}".encode(): encode({}, 0, 100, 1) for i in range(50)}
     listed = {
         episodes.key({"run_id": f"r{i}", "event_id": f"e{i}"}, t): b"{}"
