@@ -347,10 +347,11 @@ class TableStore:
         """A slice of one pass over `partition`'s records (those written before the expiry
         index, or a table restored without it): the expired ones are deleted, the others
         get their index entry. At the pass's end the partition is marked indexed, and only
-        the index is read from then on. Returns how many it deleted."""
+        the index is read from then on (a partition with no record is not marked: its pass
+        reads nothing). Returns how many it deleted."""
         deleted = read = 0
-        last: bytes | None = None
-        for key, raw in self.scan(self.retained, partition, self.sweep_after.get(partition), limit):
+        start = last = self.sweep_after.get(partition)
+        for key, raw in self.scan(self.retained, partition, start, limit):
             if not retained_records.is_record_key(key):
                 break  # past the records: the index and the marks sort after them
             read, last = read + 1, key
@@ -373,7 +374,11 @@ class TableStore:
             self.sweep_after[partition] = last
         else:
             self.sweep_after[partition] = None
-            self.writes.put("retained", partition, retained_records.indexed_key(partition), b"1")
+            if read or start is not None:
+                # records were read: the mark spares the next worker the pass (a partition
+                # with none is not written to: an idle worker writes nothing)
+                mark = retained_records.indexed_key(partition)
+                self.writes.put("retained", partition, mark, b"1")
             self.retained_indexed.add(partition)
         return deleted
 

@@ -888,7 +888,8 @@ def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
     store, handed = _counting_store()
     table: dict[bytes, bytes] = {}
     store.bind({}, {}, table)
-    store.sweep_retained(0, 0, 5_000)  # an empty partition: marked indexed at once
+    store.sweep_retained(0, 0, 5_000)  # an empty partition: indexed at once, nothing written
+    assert not store.writes and store.retained_indexed == {0}
     for i in range(2_000):
         expires = 100 + i if i < 10 else 10**12  # ten due soon, the rest kept long
         store.put_retained(0, f"run-{i:04d}".encode(), encode({}, 0, expires, 1))
