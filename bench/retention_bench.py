@@ -21,7 +21,6 @@ import json
 import os
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 LOOPING_SHARE = 0.05  # of finished runs, for the mixed figures
 RETENTION_S = 24 * 3600  # the records' expiries are spread over a day (clean runs' default)
-_HEAD = struct.Struct(">cqqH")  # a record's header (streams/worker/state/retained.py)
 
 
 def record_sizes(total_spans: int) -> dict[str, Any]:
@@ -87,6 +85,7 @@ def _store_child(path: str, runs: int, samples_file: str) -> None:
         index_key,
         index_value,
         is_record_key,
+        restamp,
     )
 
     options: Any = WorkerSettings.from_env({}).rocksdb_options()
@@ -104,7 +103,7 @@ def _store_child(path: str, runs: int, samples_file: str) -> None:
         value = looping[i % len(looping)] if i % every == 0 else clean[i % len(clean)]
         expires = base + i * step
         key = hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest().encode()
-        db.put(key, _HEAD.pack(b"R", expires, base, 0) + value[_HEAD.size :])
+        db.put(key, restamp(value, 0, expires, base))
         db.put(index_key(expires, key), index_value(0))
     write_s = time.perf_counter() - started
     db.flush()

@@ -287,7 +287,10 @@ class RunDriver:
                     if finished_ns:
                         expires, finished = kept_until, finished_ns
                 store.put_retained(
-                    partition, key, retained_records.encode(body, partition, expires, finished)
+                    partition,
+                    key,
+                    retained_records.encode(body, partition, expires, finished),
+                    was=raw,
                 )
                 continue
             retained_records.finish(body, summary, store.finishing.get(run_id))
@@ -305,10 +308,13 @@ class RunDriver:
                         )
             keep = retention.looping_ns if summary.get("shapes") else retention.clean_ns
             if keep <= 0:
-                store.put_retained(partition, key, None)
+                store.put_retained(partition, key, None, was=raw)
                 continue
             store.put_retained(
-                partition, key, retained_records.encode(body, partition, now_ns + keep, now_ns)
+                partition,
+                key,
+                retained_records.encode(body, partition, now_ns + keep, now_ns),
+                was=raw,
             )
 
     def take_writes(self) -> Writes:

@@ -13,8 +13,9 @@ Value: a fixed 19-byte header, then zlib-compressed JSON::
 
     b"R" | expires_ns (8 bytes, big-endian) | finished_ns (8, 0 while in flight) | partition (2)
 
-The sweep (`TableStore.sweep_retained`) reads the expiry index (below) and the header only. Only digests, names, codes,
-ids and counts are in a record: what the events and summaries already carry.
+The sweep (`TableStore.sweep_retained`) reads the expiry index (below) and the header
+only. Only digests, names, codes, ids and counts are in a record: what the events and
+summaries already carry.
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ class Retention:
 def encode(body: dict[str, Any], partition: int, expires_ns: int, finished_ns: int) -> bytes:
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return _HEAD.pack(MAGIC, expires_ns, finished_ns, partition) + zlib.compress(data, 6)
+
+
+def restamp(raw: bytes, partition: int, expires_ns: int, finished_ns: int) -> bytes:
+    """Record `raw` with another header (the retention bench stamps the corpus' records
+    with expiries of its own); ValueError if `raw` is not a record."""
+    header(raw)
+    return _HEAD.pack(MAGIC, expires_ns, finished_ns, partition) + raw[_HEAD.size :]
 
 
 def header(raw: bytes) -> tuple[int, int, int]:

@@ -268,10 +268,12 @@ class TableStore:
     def load_retained(self, key: bytes) -> bytes | None:
         return self._read("retained", self.retained, key)
 
-    def put_retained(self, partition: int, key: bytes, value: bytes | None) -> None:
-        """Write (None: delete) a retained record, and move its entry in the expiry index
-        when its expiry changes."""
-        before, after = _expiry(self._read("retained", self.retained, key)), _expiry(value)
+    def put_retained(
+        self, partition: int, key: bytes, value: bytes | None, *, was: bytes | None
+    ) -> None:
+        """Write (None: delete) a retained record over `was` (what `load_retained` gave the
+        caller for it), and move its entry in the expiry index when its expiry changes."""
+        before, after = _expiry(was), _expiry(value)
         if before != after:
             if before is not None:
                 self.writes.put(

@@ -802,14 +802,11 @@ def test_a_finished_run_that_looped_is_kept_with_its_summary_events_and_steps() 
 
 
 def _kept_records(worker: FakeWorker) -> dict[bytes, bytes]:
-    from streams.worker.state.retained import is_record_key
-
     return {k: v for k, v in worker.retained.items() if is_record_key(k)}
 
 
 def test_expired_runs_are_swept_and_the_rest_kept() -> None:
     from streams.worker.agents import driver as driver_module
-    from streams.worker.state.retained import INDEX
 
     worker = retaining_worker(looping_h=2, clean_h=1)
     for trace in range(70, 90):
@@ -892,9 +889,10 @@ def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
     assert not store.writes and store.retained_indexed == {0}
     for i in range(2_000):
         expires = 100 + i if i < 10 else 10**12  # ten due soon, the rest kept long
-        store.put_retained(0, f"run-{i:04d}".encode(), encode({}, 0, expires, 1))
+        store.put_retained(0, f"run-{i:04d}".encode(), encode({}, 0, expires, 1), was=None)
     moved = b"run-0003"  # its expiry moved out: its old entry goes, its record stays
-    store.put_retained(0, moved, encode({"again": 1}, 0, 10**12 + 5, 1))
+    was = store.load_retained(moved)
+    store.put_retained(0, moved, encode({"again": 1}, 0, 10**12 + 5, 1), was=was)
     store.apply_writes()
     handed.clear()
     assert store.sweep_retained(0, 1_000, 5_000) == 9
