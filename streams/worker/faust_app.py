@@ -234,6 +234,7 @@ class LoopwatchService:
             versions=self.versions,
             version_counts=CurrentWindow(version_counts),
             hold_counts=CurrentWindow(hold_counts),
+            writer=faust_internals.ChangelogWriter(app),
         )
 
     def _share_store_memory(self) -> None:

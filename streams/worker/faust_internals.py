@@ -15,6 +15,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
 | `committed_offsets` | `Consumer._committed_offset`: the offsets faust sought to, without a broker call on the hot path | read |
 | `read_offsets` | `Consumer._read_offset`: the last offset faust handed to a stream, per partition | read |
+| `ChangelogWriter` | `table.data._db_for_partition(p)`: a flush's rows of one table partition in one rocksdb write batch, their changelog records through `Producer.send` (faust's Table sends each through its producer buffer, one at a time, and every stream waits while that buffer holds more than 100) | write |
 
 The recovery race (faust-streaming 0.15.3) loses input records after a restart or a
 rebalance, and stalls their partition until the next record arrives on it.
@@ -49,6 +50,7 @@ cleared; faust's own ``on_recovery_completed`` then seeks, clears and resumes bo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -260,6 +262,67 @@ def newest_first(table: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
     for key, value in db.items(backwards=True, read_opt=_scan_options()):
         if key != offset_key:
             yield key, value
+
+
+Rows = list[tuple[bytes, bytes | None]]  # (key, value; None deletes) of one table partition
+
+
+class ChangelogWriter:
+    """Rows of table partitions written as faust's Table writes them, in bulk: into each
+    partition's store (rocksdb: one write batch), then a changelog record each through the
+    app's producer (`Producer.send`: an append to aiokafka's batch of that partition); once
+    they are delivered, each partition's persisted offset, as faust's `_on_changelog_sent`
+    sets it (recovery reads the changelog from there).
+
+    Through the Table each row is a FutureMessage in faust's producer buffer, which one task
+    sends a record at a time; while it holds more than 100 the conductor holds every
+    stream (`wait_until_ebb`), so a flush of 2,000 rows stalled ingest and detect for
+    0.2-0.3 s a second (docs/PERFORMANCE.md). A delete through the Table also reads the key
+    twice first; here an absent key's delete costs a tombstone instead."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def write(self, parts: list[tuple[Any, int, Rows]]) -> None:
+        """Write each (table, partition, rows) and wait until every record is delivered.
+        Raises what the store or the producer raised."""
+        from faust.types import TP
+
+        send = self.app.producer.send
+        sent = []
+        for table, partition, rows in parts:
+            store = table.data
+            write_store(store, partition, rows)
+            topic = table.changelog_topic.get_topic_name()
+            futures = [await send(topic, key, value, partition, None, None) for key, value in rows]
+            sent.append((store, TP(topic, partition), futures))
+        for store, tp, futures in sent:
+            if futures:
+                results = await asyncio.gather(*futures)
+                store.set_persisted_offset(tp, max(r.offset for r in results))
+
+
+def write_store(store: Any, partition: int, rows: Rows) -> None:
+    """The rows into one partition of a table's store, without a changelog record: rocksdb
+    in one write batch to the partition's database; the in-memory store's one dict."""
+    dbs = getattr(store, "_dbs", None)
+    if dbs is None:
+        data = store.data
+        for key, value in rows:
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        return
+    import rocksdict
+
+    batch = rocksdict.WriteBatch(raw_mode=True)
+    for key, value in rows:
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    store._db_for_partition(partition).write(batch)
 
 
 def consumer_if_started(app: Any) -> Any | None:

@@ -6,10 +6,11 @@ markers, retained runs, episodes and its counts (counting.py), wait in one buffe
 driver's store, `Writes`) and are written once per flush interval
 (``LOOPWATCH_STATE_FLUSH_MS``) or when too many runs wait: a run touched by several
 batches of an interval is written once (Kafka Streams' record cache, quix-streams'
-``Checkpoint.commit``). A flush writes in this order, waiting for the producer between:
+``Checkpoint.commit``). A flush writes in this order, waiting for the producer after each:
 
 1. the counts and version sightings (each added once: a redo's ids are refused);
-2. the run states and the rest, whose fired markers stop their outputs from coming again;
+2. the run states and the rest, whose fired markers stop their outputs from coming again
+   (`Tables.write`: in bulk, its changelog records delivered before it returns);
 3. then the batches' records are acknowledged, so offsets are never committed past state
    that is not in the changelog.
 
@@ -115,10 +116,8 @@ class Checkpoint:
             self.driver.discard_writes()
             return []
         writes = self.driver.take_writes()
-        # the last flush's states in the log before these counts: a crash from here on
-        # redoes only the batches below, whose ids the counts then refuse
-        if not await self.producer_flushed(generation):
-            return []  # nothing written: the records are redone (by the new owner)
+        # (the last flush's states are in the log: a crash from here on redoes only the
+        # batches below, whose ids the counts then refuse)
         try:
             self.counting.write(writes, routing)
         except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
@@ -126,18 +125,16 @@ class Checkpoint:
             raise write_error(exc) from exc
         if not await self.producer_flushed(generation):
             return []  # counts written while owned: a redo's ids are refused
-        tables = self.tables
         try:
-            for table, partition, key, value in writes.rows():
-                target = tables.named(table)
-                with tables.in_event(routing[partition]):
-                    if value is None:
-                        target.pop(key, None)
-                    else:
-                        target[key] = value
-        except Exception as exc:
+            await self.tables.write(writes.by_partition(), routing)
+        except Exception as exc:  # rocksdb's I/O errors, the producer's failures
             self.driver.discard_writes()
+            if self.publisher.stopping():
+                log.warning("checkpoint: table writes at a stop failed (%s): redone", exc)
+                return []
             raise write_error(exc) from exc
+        if generation != self.publisher.generation:
+            return []  # revoked meanwhile: the new owner redoes them (their state is written)
         self.skips.ack_refetched(refetched)
         return events
 

@@ -150,6 +150,17 @@ class Writes:
             for k, (p, v) in self.values.get(table, {}).items()
         ]
 
+    def by_partition(self) -> list[tuple[str, int, list[tuple[bytes, bytes | None]]]]:
+        """The value writes as (table, partition, [(key, value)]), tables in VALUE_TABLES
+        order."""
+        out = []
+        for table in VALUE_TABLES:
+            parts: dict[int, list[tuple[bytes, bytes | None]]] = {}
+            for key, (partition, value) in self.values.get(table, {}).items():
+                parts.setdefault(partition, []).append((key, value))
+            out += [(table, partition, rows) for partition, rows in sorted(parts.items())]
+        return out
+
     def __bool__(self) -> bool:
         return bool(self.values or self.counts or self.sightings)
 
@@ -470,6 +481,26 @@ class Tables:
     version_counts: Any = field(default_factory=dict)
     # what each on-call hold did (detectors/holds.py HOLD_MEASURES), windowed
     hold_counts: Any = field(default_factory=dict)
+    # writes the value tables' rows in bulk and waits for their changelog
+    # (faust_internals.ChangelogWriter); None: row by row, in the rows' event
+    writer: Any = None
+
+    async def write(
+        self, parts: list[tuple[str, int, list[tuple[bytes, bytes | None]]]], routing: Any
+    ) -> None:
+        """Write (table name, partition, rows) with `writer`, or row by row, each partition's
+        rows in `routing[partition]`'s event."""
+        if self.writer is not None:
+            await self.writer.write([(self.named(name), p, rows) for name, p, rows in parts])
+            return
+        for name, partition, rows in parts:
+            target = self.named(name)
+            with self.in_event(routing[partition]):
+                for key, value in rows:
+                    if value is None:
+                        target.pop(key, None)
+                    else:
+                        target[key] = value
 
     def named(self, name: str) -> Any:
         if name not in (*COUNT_TABLES, *VALUE_TABLES, "versions"):

@@ -64,7 +64,7 @@ def _kill_at(where: str, nth: int) -> None:
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
-    original_rows = Writes.rows
+    original_rows = Writes.by_partition
 
     def rows(self):  # type: ignore[no-untyped-def]
         nonlocal flushes
@@ -84,7 +84,7 @@ def _kill_at(where: str, nth: int) -> None:
             kill("counts and states")
         return events
 
-    Writes.rows = rows
+    Writes.by_partition = rows
     Checkpoint.flush = flush
 
 

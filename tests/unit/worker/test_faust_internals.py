@@ -320,3 +320,129 @@ def test_estimated_keys_of_a_table_reads_rocksdbs_estimate_or_counts_the_memory_
     plain = memory.Table("finished", default=int)
     plain.data.data.update({b"a": b"1", b"b": b"2"})
     assert faust_internals.estimated_keys(plain) == 2
+
+
+# ---------------------------------------------------------------------------- the writes
+
+
+class _Producer:
+    """faust's `Producer.send` as the writer calls it: the record, and a future of its
+    metadata (offsets from 100 on)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None, int]] = []
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        partition: int,
+        timestamp: Any,
+        headers: Any,
+    ) -> Any:
+        self.sent.append((topic, key, value, partition))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(SimpleNamespace(offset=99 + len(self.sent)))
+        return future
+
+
+def bytes_table(tmp_path: Any, name: str = "values") -> tuple[Any, Any]:
+    app: Any = faust.App(
+        f"writer-{name}",
+        broker="kafka://127.0.0.1:1",
+        store="rocksdb://",
+        datadir=str(tmp_path / name),
+    )
+    return app, app.Table("runs", key_type=bytes, value_type=bytes, partitions=2)
+
+
+async def test_the_changelog_writer_writes_what_faust_s_table_writes(tmp_path: Any) -> None:
+    """The same rows through faust's Table (in their partition's event) and through the
+    writer: the same store contents per partition and the same changelog records; the
+    persisted offset is the last delivered record's, as faust's `_on_changelog_sent`
+    sets it."""
+    rows = {1: [(b"a", b"1"), (b"b", b"2"), (b"a", None)], 0: [(b"c", b"3")]}
+    app, table = bytes_table(tmp_path, "faust")
+    by_faust: list[tuple[bytes, bytes | None, int]] = []
+
+    def send_changelog(partition: int, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        by_faust.append((key, value, partition))
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    table.send_changelog = send_changelog
+    for partition, items in rows.items():
+        with faust_internals.in_event(_Event(partition)):
+            for key, value in items:
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = value
+
+    app2, table2 = bytes_table(tmp_path, "writer")
+    producer = _Producer()
+    writer = faust_internals.ChangelogWriter(SimpleNamespace(producer=producer))
+    await writer.write([(table2, p, items) for p, items in rows.items()])
+
+    topic = table2.changelog_topic.get_topic_name()
+    assert [(k, v, p) for _t, k, v, p in producer.sent] == by_faust
+    assert {t for t, *_ in producer.sent} == {topic}
+    for p in (0, 1):
+        mine = dict(faust_internals.partition_items(table2, p, None, 10))
+        assert mine == dict(faust_internals.partition_items(table, p, None, 10))
+    assert dict(faust_internals.partition_items(table2, 1, None, 10)) == {b"b": b"2"}
+    assert table2.data.persisted_offset(TP(topic, 1)) == 102  # the third record sent
+    assert table2.data.persisted_offset(TP(topic, 0)) == 103
+
+
+async def test_the_changelog_writer_s_records_restore_the_same_store(tmp_path: Any) -> None:
+    """What recovery does with the records the writer sent (faust's
+    apply_changelog_batch) gives back the store the writer wrote."""
+    app, table = bytes_table(tmp_path, "source")
+    producer = _Producer()
+    writer = faust_internals.ChangelogWriter(SimpleNamespace(producer=producer))
+    await writer.write([(table, 0, [(b"k1", b"v1"), (b"k2", b"v2")]), (table, 1, [(b"k3", b"x")])])
+    await writer.write([(table, 0, [(b"k1", None)])])
+    events = [
+        SimpleNamespace(
+            message=SimpleNamespace(key=k, value=v, partition=p, offset=i, tp=TP(topic, p))
+        )
+        for i, (topic, k, v, p) in enumerate(producer.sent)
+    ]
+    _app2, restored = bytes_table(tmp_path, "restored")
+    restored.data.apply_changelog_batch(events, lambda k: k, lambda v: v)
+    for p in (0, 1):
+        assert dict(faust_internals.partition_items(restored, p, None, 10)) == dict(
+            faust_internals.partition_items(table, p, None, 10)
+        )
+    assert dict(faust_internals.partition_items(restored, 0, None, 10)) == {b"k2": b"v2"}
+
+
+async def test_the_changelog_writer_raises_a_failed_delivery(tmp_path: Any) -> None:
+    app, table = bytes_table(tmp_path)
+
+    class Failing(_Producer):
+        async def send(self, *args: Any) -> Any:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(RuntimeError("KafkaTimeoutError"))
+            return future
+
+    writer = faust_internals.ChangelogWriter(SimpleNamespace(producer=Failing()))
+    with pytest.raises(RuntimeError, match="KafkaTimeoutError"):
+        await writer.write([(table, 0, [(b"k", b"v")])])
+    assert table.data.persisted_offset(TP(table.changelog_topic.get_topic_name(), 0)) is None
+
+
+async def test_the_changelog_writer_writes_the_memory_store_s_one_dict() -> None:
+    app: Any = faust.App("writer-memory", broker="kafka://127.0.0.1:1", store="memory://")
+    table = app.Table("runs", key_type=bytes, value_type=bytes, partitions=2)
+    producer = _Producer()
+    writer = faust_internals.ChangelogWriter(SimpleNamespace(producer=producer))
+    await writer.write([(table, 1, [(b"a", b"1"), (b"b", b"2")])])
+    await writer.write([(table, 1, [(b"a", None)])])
+    assert table.data.data == {b"b": b"2"}
+    assert [(k, v, p) for _t, k, v, p in producer.sent] == [
+        (b"a", b"1", 1),
+        (b"b", b"2", 1),
+        (b"a", None, 1),
+    ]

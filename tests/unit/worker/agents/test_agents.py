@@ -298,7 +298,7 @@ async def test_a_batch_redone_after_its_counts_were_written_is_not_counted_twice
         await worker.detect.batch(ticks)
         with monkeypatch.context() as m:
             if lose_states:  # the process dies after the counts
-                m.setattr(Writes, "rows", lambda self: [])
+                m.setattr(Writes, "by_partition", lambda self: [])
             await worker.detect.checkpoint.flush()
 
     await once(first, lose_states=True)

@@ -1,6 +1,6 @@
 """The checkpoint (streams/worker/agents/checkpoint.py), the one writer of the worker's tables:
-counts, then states, the producer flushed before and between, and nothing written for
-partitions revoked meanwhile."""
+counts, then states, the producer flushed between, the states' changelog delivered before
+the acks, and nothing written for partitions revoked meanwhile."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def checkpoint(log: list[str], on_flush: Any = None, fail: str | None = None) ->
         version_counts=table("version_counts"),
         hold_counts=table("hold_counts"),
     )
-    publisher = SimpleNamespace(generation=0)
+    publisher = SimpleNamespace(generation=0, stopping=lambda: False)
     skips = SimpleNamespace(ack_refetched=lambda records: log.append("ack refetched"))
     driver = RunDriver(policy_from_mapping({}, "<test>"))
     parts = SimpleNamespace(driver=driver, tables=tables, skips=skips, publisher=publisher)
@@ -76,7 +76,6 @@ async def test_counts_are_written_before_the_states_with_the_producer_flushed_be
     stage(cp)
     assert await cp.flush() == ["event"]
     assert log == [
-        "producer flushed",  # the last flush's states are in the log before these counts
         "write loop_counts",
         "producer flushed",  # the counts are in the log before these states
         "write runs",
@@ -88,24 +87,70 @@ async def test_counts_are_written_before_the_states_with_the_producer_flushed_be
     assert not cp.driver.store.writes
 
 
-@pytest.mark.parametrize("at", [1, 2])
-async def test_a_revocation_while_the_producer_flushes_writes_nothing_more(at: int) -> None:
+async def test_a_revocation_while_the_producer_flushes_the_counts_writes_no_state() -> None:
     log: list[str] = []
-    flushes = 0
 
-    def revoke_at(publisher: Any) -> None:
-        nonlocal flushes
-        flushes += 1
-        if flushes == at:
-            publisher.generation += 1
+    def revoke(publisher: Any) -> None:
+        publisher.generation += 1
 
-    cp = checkpoint(log, revoke_at)
+    cp = checkpoint(log, revoke)
     stage(cp)
     assert await cp.flush() == []  # not acknowledged: the new owner redoes the records
     written = [entry for entry in log if entry.startswith("write")]
-    # revoked before the counts: nothing; between: the counts, written while owned
-    assert written == ([] if at == 1 else ["write loop_counts"])
+    assert written == ["write loop_counts"]  # written while owned: a redo's ids are refused
     assert not cp.driver.store.writes and not cp.driver.cache
+
+
+class Writer:
+    """A Tables.writer: logs the partitions it writes, then does `then` (the changelog's
+    delivery: a revocation meanwhile, a failure)."""
+
+    def __init__(self, log: list[str], then: Any) -> None:
+        self.log, self.then = log, then
+
+    async def write(self, parts: list[tuple[Any, int, Any]]) -> None:
+        for table, partition, rows in parts:
+            self.log.append(f"write {table.name} {partition}: {len(rows)}")
+        self.then()
+
+
+async def test_the_states_go_through_the_writer_and_a_revocation_meanwhile_acks_nothing() -> None:
+    log: list[str] = []
+    cp = checkpoint(log)
+    cp.tables.writer = Writer(log, lambda: None)
+    stage(cp)
+    assert await cp.flush() == ["event"]
+    assert log[-3:] == ["write runs 0: 1", "write finished 0: 1", "ack refetched"]
+
+    log.clear()
+
+    def revoke() -> None:
+        cp.publisher.generation += 1
+
+    cp.tables.writer = Writer(log, revoke)
+    stage(cp)
+    assert await cp.flush() == []  # the state is written: the new owner's redo finds it
+    assert "ack refetched" not in log and cp.failed is None
+
+
+async def test_a_changelog_that_fails_at_a_stop_is_redone_and_elsewhere_halts() -> None:
+    log: list[str] = []
+
+    def fail() -> None:
+        raise RuntimeError("ProducerClosed")
+
+    cp = checkpoint(log)
+    cp.tables.writer = Writer(log, fail)
+    cp.publisher.stopping = lambda: True
+    stage(cp)
+    assert await cp.flush() == [] and cp.failed is None
+    assert not cp.driver.store.writes
+
+    cp.publisher.stopping = lambda: False
+    stage(cp)
+    with pytest.raises(StateWriteError, match="ProducerClosed"):
+        await cp.flush()
+    assert "ack refetched" not in log
 
 
 async def test_a_failed_write_raises_and_drops_the_staged_writes() -> None:
@@ -130,5 +175,5 @@ async def test_a_producer_that_cannot_flush_drops_the_batch_without_halting_the_
     cp = checkpoint(log, stopping)
     stage(cp)
     assert await cp.flush() == []
-    assert not [entry for entry in log if entry.startswith("write")]
+    assert [entry for entry in log if entry.startswith("write")] == ["write loop_counts"]
     assert cp.failed is None and not cp.driver.store.writes
