@@ -56,7 +56,10 @@ import functools
 import logging
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streams.worker.state.store import Rows
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +267,6 @@ def newest_first(table: Any, partition: int) -> Iterator[tuple[bytes, bytes]]:
             yield key, value
 
 
-Rows = list[tuple[bytes, bytes | None]]  # (key, value; None deletes) of one table partition
-
-
 class ChangelogWriter:
     """Rows of table partitions written as faust's Table writes them, in bulk: into each
     partition's store (rocksdb: one write batch), then a changelog record each through the
@@ -307,12 +307,9 @@ def write_store(store: Any, partition: int, rows: Rows) -> None:
     in one write batch to the partition's database; the in-memory store's one dict."""
     dbs = getattr(store, "_dbs", None)
     if dbs is None:
-        data = store.data
-        for key, value in rows:
-            if value is None:
-                data.pop(key, None)
-            else:
-                data[key] = value
+        from streams.worker.state.store import put_rows
+
+        put_rows(store.data, rows)
         return
     import rocksdict
 

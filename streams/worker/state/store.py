@@ -111,6 +111,17 @@ COUNT_TABLES = ("loop_counts", "run_counts", "version_counts", "hold_counts")
 VALUE_TABLES = ("runs", "finished", "retained", "episodes")
 
 Row = tuple[str, int, bytes, bytes | None]  # (table, partition, key, value or None = delete)
+Rows = list[tuple[bytes, bytes | None]]  # (key, value or None = delete) of one partition
+
+
+def put_rows(target: Table, rows: Rows) -> None:
+    """Rows into a plain mapping (a dict, a faust Table in its partition's event, the memory
+    store's dict): a value is set, None deletes."""
+    for key, value in rows:
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = value
 
 
 @dataclass(slots=True)
@@ -150,12 +161,12 @@ class Writes:
             for k, (p, v) in self.values.get(table, {}).items()
         ]
 
-    def by_partition(self) -> list[tuple[str, int, list[tuple[bytes, bytes | None]]]]:
+    def by_partition(self) -> list[tuple[str, int, Rows]]:
         """The value writes as (table, partition, [(key, value)]), tables in VALUE_TABLES
         order."""
         out = []
         for table in VALUE_TABLES:
-            parts: dict[int, list[tuple[bytes, bytes | None]]] = {}
+            parts: dict[int, Rows] = {}
             for key, (partition, value) in self.values.get(table, {}).items():
                 parts.setdefault(partition, []).append((key, value))
             out += [(table, partition, rows) for partition, rows in sorted(parts.items())]
@@ -442,14 +453,10 @@ class TableStore:
 
     def apply_writes(self) -> int:
         """take_writes + apply of the value writes, for plain mappings (tests, tools)."""
-        rows = self.take_writes().rows()
-        for table, _p, key, value in rows:
-            target: Table = getattr(self, table)  # VALUE_TABLES are this store's attributes
-            if value is None:
-                target.pop(key, None)
-            else:
-                target[key] = value
-        return len(rows)
+        parts = self.take_writes().by_partition()
+        for table, _p, rows in parts:
+            put_rows(getattr(self, table), rows)  # VALUE_TABLES are this store's attributes
+        return sum(len(rows) for _t, _p, rows in parts)
 
 
 def _no_event(event: Any) -> contextlib.AbstractContextManager[None]:
@@ -485,22 +492,15 @@ class Tables:
     # (faust_internals.ChangelogWriter); None: row by row, in the rows' event
     writer: Any = None
 
-    async def write(
-        self, parts: list[tuple[str, int, list[tuple[bytes, bytes | None]]]], routing: Any
-    ) -> None:
+    async def write(self, parts: list[tuple[str, int, Rows]], routing: Any) -> None:
         """Write (table name, partition, rows) with `writer`, or row by row, each partition's
         rows in `routing[partition]`'s event."""
         if self.writer is not None:
             await self.writer.write([(self.named(name), p, rows) for name, p, rows in parts])
             return
         for name, partition, rows in parts:
-            target = self.named(name)
             with self.in_event(routing[partition]):
-                for key, value in rows:
-                    if value is None:
-                        target.pop(key, None)
-                    else:
-                        target[key] = value
+                put_rows(self.named(name), rows)
 
     def named(self, name: str) -> Any:
         if name not in (*COUNT_TABLES, *VALUE_TABLES, "versions"):
