@@ -46,6 +46,9 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from streams.worker.allocator import limit_arenas
+
+    limit_arenas()  # before any thread: the topic check's Kafka client starts the first
     from streams.worker.kafka.topics import ensure_topics
     from streams.worker.settings import WorkerSettings
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from detectors.policy import Policy
 from streams.spanpath.normalize import Normalizer
 from streams.worker import faust_internals
-from streams.worker.agents.timers import release_free_memory
+from streams.worker.allocator import QuietTrim
 from streams.worker.api.holds import wire_holds, wire_verdicts
 from streams.worker.api.views import Views
 from streams.worker.kafka.broker import BROKER_PROBE_SECONDS
@@ -286,8 +286,10 @@ class LoopwatchService:
         async def input_clock() -> None:
             await timers.advance_input_clock()
 
+        quiet_trim = QuietTrim()
+
         async def trim() -> None:
-            release_free_memory()
+            quiet_trim.check()
 
         async def state_flush() -> None:
             await worker.detect.flush_if_due()
@@ -304,7 +306,7 @@ class LoopwatchService:
             app.timer(interval=s.input_clock_probe_seconds, name="loopwatch-input-clock")(
                 input_clock
             )
-        app.timer(interval=30.0, name="loopwatch-malloc-trim")(trim)
+        app.timer(interval=1.0, name="loopwatch-malloc-trim")(trim)
         if s.state_flush_ms:
             app.timer(interval=s.state_flush_ms / 1000, name="loopwatch-state-flush")(state_flush)
         app.timer(interval=BROKER_PROBE_SECONDS, name="loopwatch-broker")(broker)

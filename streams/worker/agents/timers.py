@@ -1,4 +1,4 @@
-"""The worker's timers: ticks, consumer lag, the input clock and its marks, memory trim.
+"""The worker's timers: ticks, consumer lag, the input clock and its marks.
 
 Table writes need the partition of the run, i.e. a stream event. The tick timer
 (``LOOPWATCH_TICK_SECONDS``) sends a tiny tick message to each steps-topic partition that
@@ -18,11 +18,10 @@ other workers own (`send_marks`).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from streams.worker.agents.messages import encode_mark, encode_tick
 from streams.worker.agents.parts import Parts
@@ -153,21 +152,3 @@ class Timers:
 def _log_failure(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
         log.warning("ticks sent early not sent (the tick timer sends them): %s", exc)
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return cast(Callable[[int], int], ctypes.CDLL("libc.so.6").malloc_trim)
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Hand glibc's free heap pages back to the OS. Bursts (a backlog of pending producer
-    messages, big batches) left 70-85 MB free but still mapped in the main arena (mallinfo2
-    at 100k finished runs), so RSS ratcheted up with every new peak."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)

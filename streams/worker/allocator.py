@@ -1,0 +1,99 @@
+"""glibc's allocator in the worker: one arena for every thread, and free heap pages handed
+back as soon as the worker goes quiet (issue 39, docs/PERFORMANCE.md "One arena, and free
+pages back when quiet").
+
+Why: the worker's live memory is flat with history, but its RSS was not. Each thread that
+allocates (the event loop, rocksdb's flush and compaction threads, librdkafka's) got a
+glibc arena of its own, and each arena kept the pages a burst had freed until the next
+`malloc_trim`, every 30 s: a reading landed anywhere on that saw-tooth (175 to 210 MiB at
+the same history). One arena and a trim when the event loop goes idle leave a quiet
+worker holding what it uses. On musl or macOS there is nothing to set or trim: every
+function here is then a no-op."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def _load_libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, macOS)
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _load_libc()
+
+
+def limit_arenas(environ: Mapping[str, str] = os.environ, libc: Any = _LIBC) -> bool:
+    """One malloc arena for every thread, unless ``MALLOC_ARENA_MAX`` is set (glibc read it
+    at startup: the operator's value stands). Must run before the process starts a thread
+    (the Kafka clients and rocksdb start theirs): glibc fixes how many arenas it may make
+    when a thread first needs one. Returns whether the limit was set.
+
+    Measured against the default (up to 8 arenas a core), 2 alternating pairs at 150k
+    spans: the same throughput (unkeyed x0.98 and x1.12, keyed x1.04 and x1.00), peak RSS
+    30 MiB lower unkeyed and 6 lower keyed."""
+    if libc is None or "MALLOC_ARENA_MAX" in environ:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, 1))
+
+
+def release_free_memory(libc: Any = _LIBC) -> None:
+    """Hand glibc's free heap pages back to the OS (`malloc_trim(0)` madvises every whole
+    free page of every arena, not only the heap's top)."""
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+class QuietTrim:
+    """When to hand free pages back: at the first check that finds the event loop quiet
+    after it was busy, and at least every `period` seconds whatever it does (under a
+    steady load it is never quiet). `check()` runs on the event loop's thread, whose CPU
+    time `cpu` measures: quiet is under `quiet_share` of the interval since the last check.
+    A worker at a low, steady rate stays quiet and is trimmed every `period` only."""
+
+    def __init__(
+        self,
+        release: Callable[[], None] = release_free_memory,
+        *,
+        period: float = 30.0,
+        quiet_share: float = 0.05,
+        cpu: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.release = release
+        self.period = period
+        self.quiet_share = quiet_share
+        self.cpu = cpu
+        self.clock = clock
+        self.checked_at = clock()
+        self.cpu_at = cpu()
+        self.trimmed_at = self.checked_at
+        self.busy_since_trim = False
+        self.trims = 0
+
+    def check(self) -> bool:
+        """Trim if due; returns whether it did."""
+        now, cpu = self.clock(), self.cpu()
+        busy = cpu - self.cpu_at > self.quiet_share * max(now - self.checked_at, 1e-9)
+        self.checked_at, self.cpu_at = now, cpu
+        if busy:
+            self.busy_since_trim = True
+            if now - self.trimmed_at < self.period:
+                return False
+        elif not self.busy_since_trim and now - self.trimmed_at < self.period:
+            return False
+        self.release()
+        self.trims += 1
+        # the trim's own CPU is not work: the next interval starts after it
+        self.trimmed_at = self.checked_at = self.clock()
+        self.cpu_at, self.busy_since_trim = self.cpu(), False
+        return True
