@@ -48,13 +48,9 @@ def _worker_under(policy: Path, workdir: Path, env: dict[str, str]) -> WorkerPro
     tried = dict(
         pair.split("=", 1) for pair in os.environ.get("BENCH_WORKER_ENV", "").split(",") if pair
     )
-    return WorkerProc(
-        workdir,
-        policy,
-        LOOPWATCH_STORE="rocksdb://",
-        LOOPWATCH_LOG_LEVEL="warning",
-        **{**tried, **env},
-    )
+    # (a setting tried may replace these defaults: LOOPWATCH_LOG_LEVEL=info for a probe)
+    defaults = {"LOOPWATCH_STORE": "rocksdb://", "LOOPWATCH_LOG_LEVEL": "warning"}
+    return WorkerProc(workdir, policy, **{**defaults, **tried, **env})
 
 
 def _produce(
