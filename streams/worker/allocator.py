@@ -79,21 +79,17 @@ class QuietTrim:
         self.cpu_at = cpu()
         self.trimmed_at = self.checked_at
         self.busy_since_trim = False
-        self.trims = 0
 
     def check(self) -> bool:
         """Trim if due; returns whether it did."""
         now, cpu = self.clock(), self.cpu()
         busy = cpu - self.cpu_at > self.quiet_share * max(now - self.checked_at, 1e-9)
         self.checked_at, self.cpu_at = now, cpu
-        if busy:
-            self.busy_since_trim = True
-            if now - self.trimmed_at < self.period:
-                return False
-        elif not self.busy_since_trim and now - self.trimmed_at < self.period:
+        quiet_after_work = not busy and self.busy_since_trim
+        self.busy_since_trim = self.busy_since_trim or busy
+        if not quiet_after_work and now - self.trimmed_at < self.period:
             return False
         self.release()
-        self.trims += 1
         # the trim's own CPU is not work: the next interval starts after it
         self.trimmed_at = self.checked_at = self.clock()
         self.cpu_at, self.busy_since_trim = self.cpu(), False
