@@ -5,6 +5,7 @@ calling into `Worker` (streams/worker/service.py), which holds the parts.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -134,8 +135,10 @@ class LoopwatchService:
     ) -> None:
         self.settings = s = settings
         # faust clears the stream queues after its end-of-recovery seek: records fetched
-        # during the seek were lost (the restart stall, issue 16)
+        # during the seek were lost (the restart stall, issue 16); and the seek leaves the
+        # records of a partition with no committed offset fetched and dropped before it
         faust_internals.install_recovery_fix()
+        faust_internals.install_uncommitted_seek_fix()
         s.data_path.mkdir(parents=True, exist_ok=True)
         self.app: Any = make_app(s, detect_partitions)
         topics = self._topics(detect_partitions)
@@ -152,6 +155,7 @@ class LoopwatchService:
             consumer=lambda: app.consumer,
             stopping=lambda: bool(app.should_stop),
             assigned=self.assigned_partitions,
+            read_in_assignment=functools.partial(faust_internals.read_in_assignment, app),
             request_stop=lambda: os.kill(os.getpid(), signal.SIGTERM),
             flush_producer=lambda: app.producer.flush(),
         )

@@ -1,11 +1,12 @@
-"""Every use of faust's (and, through it, aiokafka's) private internals, and the one patch,
-in one place. faust-streaming is pinned to >=0.15.2,<0.16 (pyproject.toml);
+"""Every use of faust's (and, through it, aiokafka's) private internals, and the two
+patches, in one place. faust-streaming is pinned to >=0.15.2,<0.16 (pyproject.toml);
 tests/unit/worker/test_faust_internals.py has a test for each behaviour relied on here, so an
 upgrade that changes one fails a test that names it, not the worker in production.
 
 | what | why there is no public way | |
 |---|---|---|
 | `install_recovery_fix` | the end-of-recovery race below (faust-streaming #216 fixed it for apps without tables in #217; #253, which stopped fetching on suspend, was reverted in #256) | patch |
+| `install_uncommitted_seek_fix` | the seek below: aiokafka's `seek_to_committed` moves only partitions with a committed offset above 0 | patch |
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
 | `share_store_memory` | `table.data.rocksdb_options`: faust's `RocksDBOptions.as_options()` gives every partition of every table a block cache of its own and no write buffer manager; replaced by one built on a shared cache and manager | replace |
@@ -15,6 +16,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 | `consumer_if_started` | `app._consumer`: `app.consumer` would create a consumer | read |
 | `committed_offsets` | `Consumer._committed_offset`: the offsets faust sought to, without a broker call on the hot path | read |
 | `read_offsets` | `Consumer._read_offset`: the last offset faust handed to a stream, per partition | read |
+| `read_in_assignment` | `app.rebalancing` and `app.consumer_generation_id` are public attributes, but what the worker relies on is when faust sets them: `rebalancing` before the consumer forgets its acks and committed offsets at a revocation, cleared only after the seek that ends recovery; a message's `generation_id` the group generation it was fetched in | read |
 | `ChangelogWriter` | `table.data._db_for_partition(p)`: a flush's rows of one table partition in one rocksdb write batch, their changelog records through `Producer.send` (faust's Table sends each through its producer buffer, one at a time, and every stream waits while that buffer holds more than 100) | write |
 
 The recovery race (faust-streaming 0.15.3) loses input records after a restart or a
@@ -46,6 +48,18 @@ record the partition stalls with its lag: the restart stall of issue 16.
 The fix: stop the consumer's flow and suspend flow control *before* faust resumes the
 stream partitions and seeks, so nothing is fetched into a queue that is about to be
 cleared; faust's own ``on_recovery_completed`` then seeks, clears and resumes both.
+
+The same seek leaves behind the records of a partition with no committed offset (or 0).
+Between an assignment and that seek the consumer's flow is stopped, but aiokafka's fetcher
+runs: faust drops each record it hands over (the flow is stopped) and still sets its read
+offset, and the position moves past them. The seek moves every other partition back to its
+committed offset; aiokafka's ``seek_to_committed`` skips one that has none (``if offset and
+offset > 0``), so its records fetched meanwhile are never read again. Seen with tracing
+when a second worker joined before the first had committed anything on its steps
+partitions: "fetched steps/2 (0, 109) flow=False", then the next fetch at 110, and the
+runs of 0-109 never detected (tests/integration/test_rebalance.py). The fix: after
+faust's seek to the committed offsets, a partition without one is sought to its
+beginning, as ``consumer_auto_offset_reset="earliest"`` means for a group with no offset.
 """
 
 from __future__ import annotations
@@ -90,6 +104,41 @@ def install_recovery_fix() -> bool:
 
     setattr(on_recovery_completed, _MARK, True)
     Recovery.on_recovery_completed = on_recovery_completed  # type: ignore[method-assign]
+    return True
+
+
+_UNCOMMITTED_MARK = "_loopwatch_uncommitted_sought_to_beginning"
+
+
+def install_uncommitted_seek_fix() -> bool:
+    """Wrap the aiokafka driver's ``AIOKafkaConsumerThread.seek_to_committed`` (once):
+    partitions with no committed offset are sought to their beginning. False, with a
+    warning, when faust no longer has it."""
+    try:
+        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+    except ImportError:  # pragma: no cover - faust is a dependency
+        return False
+    original = getattr(AIOKafkaConsumerThread, "seek_to_committed", None)
+    if original is None or not hasattr(AIOKafkaConsumerThread, "seek_to_beginning"):
+        log.warning(
+            "faust's aiokafka consumer thread has no seek_to_committed or seek_to_beginning "
+            "(a faust upgrade?): records of uncommitted partitions fetched during a "
+            "rebalance may be skipped"
+        )
+        return False
+    if getattr(original, _UNCOMMITTED_MARK, False):
+        return True
+
+    @functools.wraps(original)
+    async def seek_to_committed(self: Any) -> Mapping[Any, Any]:
+        offsets: Mapping[Any, Any] = await original(self)
+        uncommitted = [tp for tp, offset in offsets.items() if not offset]
+        if uncommitted:
+            await self.seek_to_beginning(*uncommitted)
+        return offsets
+
+    setattr(seek_to_committed, _UNCOMMITTED_MARK, True)
+    AIOKafkaConsumerThread.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
     return True
 
 
@@ -320,6 +369,17 @@ def write_store(store: Any, partition: int, rows: Rows) -> None:
         else:
             batch.put(key, value)
     store._db_for_partition(partition).write(batch)
+
+
+def read_in_assignment(app: Any, message: Any) -> bool:
+    """Whether `message` was fetched in the current assignment and no rebalance is under
+    way: only then may it be acknowledged. faust forgets a partition's acks and committed
+    offset as a revocation begins, before the agents have stopped; until its seek at the
+    end of recovery, an ack of a record read before the rebalance (processed meanwhile, or
+    taken from a batch buffered across it) goes into a fresh list with no committed offset
+    to check it against, and the next commit goes past every record before it that was
+    dropped unacknowledged (a batch staged, then abandoned for the rebalance)."""
+    return not app.rebalancing and message.generation_id == app.consumer_generation_id
 
 
 def consumer_if_started(app: Any) -> Any | None:

@@ -81,6 +81,7 @@ COUNTERS = (
     "publish_retries",  # outputs sent again after a failed delivery
     "marks_sent",  # this worker's delivered input offsets, to the steps partitions of others
     "marks_read",  # other workers' marks taken by the input clock
+    "records_read_before_rebalance",  # taken after it began: left to be redone
 )
 
 
@@ -129,6 +130,7 @@ class Worker:
         consumer: Callable[[], Any],
         stopping: Callable[[], bool],
         assigned: Callable[[], set[int]],
+        read_in_assignment: Callable[[Any], bool],
         refetcher: Callable[[str], Any] | None = None,
         request_stop: Callable[[], None] = lambda: None,
         flush_producer: Callable[[], Awaitable[None]] | None = None,
@@ -159,6 +161,7 @@ class Worker:
             metrics,
             self.counters,
             stopping,
+            read_in_assignment=read_in_assignment,
             on_failure=lambda what: self.broker.failure("delivery", what),
         )
         self.parts = self._parts(consumer, refetcher)

@@ -20,7 +20,10 @@ outputs do not come again. Counting after the states instead would lose the coun
 crash between the two.
 
 A rebalance (Publisher.generation) drops what is staged, unacknowledged: the records are
-processed again from their committed offsets by the partition's next owner.
+processed again from their committed offsets by the partition's next owner. Nothing read
+before a rebalance is acknowledged once it has begun (Publisher.may_acknowledge): faust
+has forgotten the partition's committed offset by then and would commit past the dropped
+records.
 """
 
 from __future__ import annotations
@@ -133,10 +136,16 @@ class Checkpoint:
                 log.warning("checkpoint: table writes at a stop failed (%s): redone", exc)
                 return []
             raise write_error(exc) from exc
-        if generation != self.publisher.generation:
+        if generation != self.publisher.generation or not self.acknowledgeable(events):
             return []  # revoked meanwhile: the new owner redoes them (their state is written)
         self.skips.ack_refetched(refetched)
         return events
+
+    def acknowledgeable(self, events: list[Any]) -> bool:
+        """Read in the current assignment with no rebalance under way (all of them or
+        none: a rebalance drops what was staged before it). faust's acks go out
+        without a pause after this, so no rebalance can begin in between."""
+        return all(self.publisher.may_acknowledge(event.message) for event in events)
 
     async def producer_flushed(self, generation: int) -> bool:
         """Wait until every table write sent so far is in its changelog. False (and the

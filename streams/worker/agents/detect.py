@@ -147,6 +147,7 @@ class Detect:
         generation = self.publisher.generation
         checkpoint = self.checkpoint
         checkpoint.drop_if_stale()  # staged before a rebalance: nothing to acknowledge
+        events = self.read_in_assignment(events)
         groups: Groups = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
         dead: list[Sent] = []  # dead letters: delivered before the batch acks
@@ -179,6 +180,16 @@ class Detect:
         if groups:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
+
+    def read_in_assignment(self, events: list[Any]) -> list[Any]:
+        """`events` without those read before a rebalance began (taken into a batch before
+        it, handed over after it): never processed, never acknowledged, they are redone
+        from the committed offset. Processed and acknowledged after a staged batch before
+        them was dropped, they let faust commit past that batch: its runs were lost."""
+        current = [event for event in events if self.publisher.may_acknowledge(event.message)]
+        if len(current) < len(events):
+            self.counters["records_read_before_rebalance"] += len(events) - len(current)
+        return current
 
     def stage_seconds(self, stage: str, seconds: float) -> None:
         self.metrics.stage_seconds.labels(stage).observe(max(0.0, seconds))

@@ -48,6 +48,10 @@ class Ingest:
         steps were never sent."""
         manual = stream.noack()
         async for event in manual.events():
+            if not self.publisher.may_acknowledge(event.message):
+                # read before a rebalance began: redone from the committed offset
+                self.counters["records_read_before_rebalance"] += 1
+                continue
             self.ack_when_delivered(manual, event, await self.event(event))
 
     async def event(self, event: Any) -> list[tuple[Any, list[Sent]]]:
@@ -74,6 +78,8 @@ class Ingest:
                 await asyncio.wait([before])  # its outcome is its own: never stop the chain
             try:
                 await self.publisher.deliver("ingest", [sent for _, out in records for sent in out])
+                if not self.publisher.may_acknowledge(event.message):
+                    return  # a rebalance began: see Publisher.may_acknowledge
                 self.skips.ack_refetched([record for record, _ in records[:-1]])
                 await stream.ack(event)
                 first = records[0][0].message.offset

@@ -55,9 +55,12 @@ class Publisher:
     """Send, wait, send again what failed, abandon on stop or revocation.
 
     `metrics`: the `publish_retries` counter by stage; `counters`: the worker's /healthz
-    counters (``publish_retries``); `stopping`: whether the worker began to stop. Call
-    `revoked()` on every rebalance (eager: each revokes every partition). Backoffs
-    default to PUBLISH_RETRY_FIRST_SECONDS doubling to PUBLISH_RETRY_MAX_SECONDS."""
+    counters (``publish_retries``); `stopping`: whether the worker began to stop;
+    `read_in_assignment`: whether a record was read in the current assignment, with no
+    rebalance under way (faust_internals.read_in_assignment), the one test before any
+    acknowledgement. Call `revoked()` on every rebalance (eager: each revokes every
+    partition). Backoffs default to PUBLISH_RETRY_FIRST_SECONDS doubling to
+    PUBLISH_RETRY_MAX_SECONDS."""
 
     def __init__(
         self,
@@ -65,6 +68,7 @@ class Publisher:
         counters: dict[str, int],
         stopping: Callable[[], bool],
         *,
+        read_in_assignment: Callable[[Any], bool],
         first_backoff: float | None = None,
         max_backoff: float | None = None,
         on_failure: Callable[[str], None] | None = None,
@@ -77,9 +81,17 @@ class Publisher:
         self.first_backoff = first_backoff
         self.max_backoff = max_backoff
         self.generation = 0  # rebalances so far
+        self.read_in_assignment = read_in_assignment
 
     def revoked(self) -> None:
         self.generation += 1
+
+    def may_acknowledge(self, message: Any) -> bool:
+        """Whether `message` may be acknowledged: read in the current assignment, no
+        rebalance under way. A record read before a rebalance is left unacknowledged, to be
+        redone from the committed offset: acknowledged, it could let faust commit past
+        records dropped at the rebalance (streams/worker/faust_internals.py)."""
+        return bool(self.read_in_assignment(message))
 
     @staticmethod
     async def send(out: Outgoing) -> Sent:

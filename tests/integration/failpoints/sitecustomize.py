@@ -13,6 +13,13 @@ that happens on every restart with a backlog whenever the flow is open during th
 checkpoint flush that writes counts (streams/worker/agents/checkpoint.py), once the counts
 (or the counts and the run states) are in the changelog and before the batches' records
 are acknowledged: the crash between counting and the offset commit, on every start.
+
+``LOOPWATCH_FAILPOINT_HOLD_ACROSS_REBALANCE=N``: the detect agent's Nth batch waits (up
+to 120 s), its records taken from the stream, until a rebalance has assigned the
+partitions again, then goes on, is flushed at once, and faust commits right after that
+flush (its commit timer fires every 0.25 s; here before the end-of-recovery seek). What
+two workers hit now and then when the second joins during a backlog: records read before
+the rebalance, handed to the agent after it began (test_rebalance.py).
 """
 
 from __future__ import annotations
@@ -88,6 +95,46 @@ def _kill_at(where: str, nth: int) -> None:
     Checkpoint.flush = flush
 
 
+def _hold_across_rebalance(nth: int) -> None:
+    import asyncio
+    import time
+
+    from streams.worker.agents.detect import Detect
+
+    original_batch, original_flush = Detect.batch, Detect.timed_flush
+    batches = 0
+    handed_over = False
+
+    async def batch(self, events):  # type: ignore[no-untyped-def]
+        nonlocal batches, handed_over
+        batches += 1
+        if batches == nth:
+            app = self.stream.app
+            generation = app.consumer_generation_id
+            print(f"failpoint hold_across_rebalance: batch {nth} held", file=sys.stderr)
+            sys.stderr.flush()
+            deadline = time.monotonic() + 120
+            while app.consumer_generation_id == generation and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            print("failpoint hold_across_rebalance: handed over", file=sys.stderr)
+            sys.stderr.flush()
+            self.checkpoint.last_flush = float("-inf")  # flushed at once
+            handed_over = True
+        return await original_batch(self, events)
+
+    async def timed_flush(self):  # type: ignore[no-untyped-def]
+        nonlocal handed_over
+        await original_flush(self)
+        if handed_over:  # faust's commit timer (every 0.25 s) fires before the seek
+            handed_over = False
+            await self.stream.app.consumer.commit()
+
+    Detect.batch = batch
+    Detect.timed_flush = timed_flush
+
+
+if os.environ.get("LOOPWATCH_FAILPOINT_HOLD_ACROSS_REBALANCE"):
+    _hold_across_rebalance(int(os.environ["LOOPWATCH_FAILPOINT_HOLD_ACROSS_REBALANCE"]))
 if os.environ.get("LOOPWATCH_FAILPOINT_KILL_AT"):
     _where, _, _nth = os.environ["LOOPWATCH_FAILPOINT_KILL_AT"].partition(":")
     _kill_at(_where, int(_nth))

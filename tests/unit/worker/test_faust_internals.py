@@ -9,6 +9,7 @@ on resume."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -75,6 +76,75 @@ def test_install_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
     wrapped = Recovery.on_recovery_completed
     assert faust_internals.install_recovery_fix()
     assert Recovery.on_recovery_completed is wrapped
+
+
+# ------------------------------------------------------ the seek of uncommitted partitions
+
+
+def aiokafka_consumer(committed: dict[Any, int | None], sought: list[tuple[str, Any]]) -> Any:
+    """aiokafka's consumer as its seek_to_committed and seek_to_beginning use it."""
+
+    async def committed_offset(tp: Any) -> int | None:
+        return committed[tp]
+
+    async def to_beginning(*tps: Any) -> None:
+        sought.extend(("beginning", tp) for tp in tps)
+
+    return SimpleNamespace(
+        _subscription=SimpleNamespace(assigned_partitions=lambda: set(committed)),
+        committed=committed_offset,
+        _fetcher=SimpleNamespace(seek_to=lambda tp, offset: sought.append((str(offset), tp))),
+        seek_to_beginning=to_beginning,
+    )
+
+
+def consumer_thread(consumer: Any) -> Any:
+    """faust's AIOKafkaConsumerThread as its seek methods use it (no thread)."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    async def call_thread(method: Any, *args: Any) -> Any:
+        return await method(*args)
+
+    thread = SimpleNamespace(_ensure_consumer=lambda: consumer, call_thread=call_thread)
+    thread.seek_to_beginning = functools.partial(AIOKafkaConsumerThread.seek_to_beginning, thread)
+    return thread
+
+
+async def test_aiokafka_seeks_only_partitions_with_a_committed_offset() -> None:
+    """What the fix is for: a partition with no committed offset (or 0) keeps the position
+    its fetcher reached while faust's flow was stopped."""
+    import aiokafka
+
+    committed = {"steps/2": None, "steps/3": 0, "otlp/2": 26}
+    sought: list[tuple[str, Any]] = []
+    consumer = aiokafka_consumer(committed, sought)
+    offsets = await aiokafka.AIOKafkaConsumer.seek_to_committed(consumer)
+    assert offsets == committed and sought == [("26", "otlp/2")]
+
+
+async def test_uncommitted_partitions_are_sought_to_their_beginning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import aiokafka
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    monkeypatch.setattr(
+        AIOKafkaConsumerThread, "seek_to_committed", AIOKafkaConsumerThread.seek_to_committed
+    )
+    assert faust_internals.install_uncommitted_seek_fix()
+    wrapped = AIOKafkaConsumerThread.seek_to_committed
+    assert faust_internals.install_uncommitted_seek_fix()  # once
+    assert AIOKafkaConsumerThread.seek_to_committed is wrapped
+
+    committed = {"steps/2": None, "steps/3": 0, "otlp/2": 26}
+    sought: list[tuple[str, Any]] = []
+    consumer = aiokafka_consumer(committed, sought)
+    consumer.seek_to_committed = functools.partial(
+        aiokafka.AIOKafkaConsumer.seek_to_committed, consumer
+    )
+    offsets = await AIOKafkaConsumerThread.seek_to_committed(consumer_thread(consumer))
+    assert offsets == committed  # faust's perform_seek reads them as before
+    assert sorted(sought) == [("26", "otlp/2"), ("beginning", "steps/2"), ("beginning", "steps/3")]
 
 
 # ---------------------------------------------------------------------------- the reads
@@ -446,3 +516,101 @@ async def test_the_changelog_writer_writes_the_memory_store_s_one_dict() -> None
         (b"b", b"2", 1),
         (b"a", None, 1),
     ]
+
+
+# read_in_assignment: when faust marks a rebalance and a message's generation
+
+
+def rebalance_listener(app: Any, calls: list[str]) -> Any:
+    """faust's rebalance listener for aiokafka over a stand-in consumer thread that records
+    what faust's consumer would do, and when."""
+    from faust.transport.drivers.aiokafka import ConsumerRebalanceListener
+
+    async def revoked(tps: Any) -> None:
+        calls.append(f"consumer forgets its acks (rebalancing={app.rebalancing})")
+
+    async def assigned(tps: Any, generation: int) -> None:
+        calls.append(f"assigned in generation {generation}")
+
+    coordinator = SimpleNamespace(generation=7)
+    thread = SimpleNamespace(
+        app=app,
+        on_partitions_revoked=revoked,
+        on_partitions_assigned=assigned,
+        _ensure_consumer=lambda: SimpleNamespace(_coordinator=coordinator),
+    )
+    return ConsumerRebalanceListener(thread)
+
+
+async def test_a_rebalance_is_marked_before_the_consumer_forgets_its_acks() -> None:
+    app: Any = faust.App("rebalance-unit", broker="kafka://127.0.0.1:1", store="memory://")
+    calls: list[str] = []
+    listener = rebalance_listener(app, calls)
+    assert not app.rebalancing
+    await listener.on_partitions_revoked([])
+    assert calls == ["consumer forgets its acks (rebalancing=True)"]
+    await listener.on_partitions_assigned([])
+    assert app.consumer_generation_id == 7 and calls[-1] == "assigned in generation 7"
+
+
+async def test_after_a_revocation_faust_commits_past_a_record_never_acknowledged() -> None:
+    """Why nothing read before a rebalance may be acknowledged during it: faust forgets the
+    partition's committed offset, so an ack then is committed with no gap check."""
+    app: Any = faust.App("revoked-acks-unit", broker="kafka://127.0.0.1:1", store="memory://")
+    consumer = app.consumer
+    tp = TP("steps", 2)
+    consumer._committed_offset[tp] = 217  # 217.. dropped, unacknowledged, at the rebalance
+    consumer._acked[tp] = [326, 327]
+    assert consumer._new_offset(tp) is None  # faust waits for 217..325
+    consumer._acked[tp] = []
+    for forgotten in (consumer._gap, consumer._acked, consumer._acked_index):
+        forgotten.pop(tp, None)
+    consumer._committed_offset.pop(tp, None)  # as Consumer.on_partitions_revoked does
+    consumer._acked[tp] = [326, 327]
+    assert consumer._new_offset(tp) == 328
+
+
+async def test_a_rebalance_ends_only_after_the_seek(monkeypatch: pytest.MonkeyPatch) -> None:
+    app: Any = faust.App("rebalance-end-unit", broker="kafka://127.0.0.1:1", store="memory://")
+    consumer = app.consumer
+    during_seek: list[bool] = []
+
+    async def seek() -> None:
+        during_seek.append(app.rebalancing)
+
+    async def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(consumer, "perform_seek", seek)
+    monkeypatch.setattr(consumer, "assignment", lambda: {INPUT})
+    monkeypatch.setattr(app._fetcher, "maybe_start", nothing)
+    monkeypatch.setattr(app.assignor, "assigned_standbys", lambda: set())
+    app.on_rebalance_start()
+    await app.tables.recovery.on_recovery_completed(app.consumer_generation_id)
+    assert during_seek == [True] and not app.rebalancing
+
+
+def test_a_fetched_record_carries_the_generation_it_was_read_in() -> None:
+    app: Any = faust.App("generation-unit", broker="kafka://127.0.0.1:1", store="memory://")
+    app.consumer_generation_id = 4
+    record = SimpleNamespace(
+        topic="steps",
+        partition=2,
+        offset=326,
+        timestamp=None,
+        timestamp_type=0,
+        headers=[],
+        key=None,
+        value=b"",
+        checksum=None,
+        serialized_key_size=0,
+        serialized_value_size=0,
+    )
+    message = app.consumer._to_message(TP("steps", 2), record)
+    assert message.generation_id == 4
+    assert faust_internals.read_in_assignment(app, message)
+    app.on_rebalance_start()
+    assert not faust_internals.read_in_assignment(app, message)  # under way
+    app.on_rebalance_end()
+    app.consumer_generation_id = 5
+    assert not faust_internals.read_in_assignment(app, message)  # read before it

@@ -44,7 +44,14 @@ class Topic:
 def publisher(stopping: bool = False) -> tuple[Publisher, dict[str, int], Metrics]:
     counters = {"publish_retries": 0}
     metrics = Metrics(CollectorRegistry())
-    pub = Publisher(metrics, counters, lambda: stopping, first_backoff=0.001, max_backoff=0.002)
+    pub = Publisher(
+        metrics,
+        counters,
+        lambda: stopping,
+        read_in_assignment=lambda message: True,
+        first_backoff=0.001,
+        max_backoff=0.002,
+    )
     return pub, counters, metrics
 
 
