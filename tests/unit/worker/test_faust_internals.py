@@ -23,6 +23,19 @@ from streams.worker import faust_internals
 INPUT = TP("otlp", 0)
 
 
+def stand_ins_for_the_seek(monkeypatch: pytest.MonkeyPatch, app: Any, seek: Any) -> None:
+    """faust's end of recovery with `seek` for the consumer's seek, one stream partition
+    assigned, and no fetcher or standbys."""
+
+    async def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    monkeypatch.setattr(app.consumer, "perform_seek", seek)
+    monkeypatch.setattr(app.consumer, "assignment", lambda: {INPUT})
+    monkeypatch.setattr(app._fetcher, "maybe_start", nothing)
+    monkeypatch.setattr(app.assignor, "assigned_standbys", lambda: set())
+
+
 async def end_of_recovery(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Any, Any]:
     """Run faust's end of recovery with the flow open (as the recovery branch leaves it);
     returns (records fetched during the seek, the stream queue, the app)."""
@@ -38,13 +51,7 @@ async def end_of_recovery(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], A
             fetched.append(record)
             queue.put_nowait(record)
 
-    async def nothing(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    monkeypatch.setattr(consumer, "perform_seek", seek)
-    monkeypatch.setattr(consumer, "assignment", lambda: {INPUT})
-    monkeypatch.setattr(app._fetcher, "maybe_start", nothing)
-    monkeypatch.setattr(app.assignor, "assigned_standbys", lambda: set())
+    stand_ins_for_the_seek(monkeypatch, app, seek)
     app.flow_control.resume()
     consumer.resume_flow()
     await recovery.on_recovery_completed(app.consumer_generation_id)
@@ -572,19 +579,12 @@ async def test_after_a_revocation_faust_commits_past_a_record_never_acknowledged
 
 async def test_a_rebalance_ends_only_after_the_seek(monkeypatch: pytest.MonkeyPatch) -> None:
     app: Any = faust.App("rebalance-end-unit", broker="kafka://127.0.0.1:1", store="memory://")
-    consumer = app.consumer
     during_seek: list[bool] = []
 
     async def seek() -> None:
         during_seek.append(app.rebalancing)
 
-    async def nothing(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    monkeypatch.setattr(consumer, "perform_seek", seek)
-    monkeypatch.setattr(consumer, "assignment", lambda: {INPUT})
-    monkeypatch.setattr(app._fetcher, "maybe_start", nothing)
-    monkeypatch.setattr(app.assignor, "assigned_standbys", lambda: set())
+    stand_ins_for_the_seek(monkeypatch, app, seek)
     app.on_rebalance_start()
     await app.tables.recovery.on_recovery_completed(app.consumer_generation_id)
     assert during_seek == [True] and not app.rebalancing
