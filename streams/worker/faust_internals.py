@@ -112,8 +112,8 @@ _UNCOMMITTED_MARK = "_loopwatch_uncommitted_sought_to_beginning"
 
 def install_uncommitted_seek_fix() -> bool:
     """Wrap the aiokafka driver's ``AIOKafkaConsumerThread.seek_to_committed`` (once):
-    partitions with no committed offset are sought to their beginning. False, with a
-    warning, when faust no longer has it."""
+    stream partitions with no committed offset are sought to their beginning. False, with
+    a warning, when faust no longer has it."""
     try:
         from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
     except ImportError:  # pragma: no cover - faust is a dependency
@@ -132,7 +132,11 @@ def install_uncommitted_seek_fix() -> bool:
     @functools.wraps(original)
     async def seek_to_committed(self: Any) -> Mapping[Any, Any]:
         offsets: Mapping[Any, Any] = await original(self)
-        uncommitted = [tp for tp, offset in offsets.items() if not offset]
+        # (a table's changelog partitions are never committed: faust's recovery seeks them)
+        changelogs = self.app.tables.changelog_topics
+        uncommitted = [
+            tp for tp, offset in offsets.items() if not offset and tp.topic not in changelogs
+        ]
         if uncommitted:
             await self.seek_to_beginning(*uncommitted)
         return offsets
