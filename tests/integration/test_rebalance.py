@@ -4,9 +4,12 @@ rounds lost events now and then): every event of the replay comes out.
 The first worker stages its state for a long flush interval (what it has staged when the
 rebalance begins is dropped, to be redone) and, by the ``hold_across_rebalance``
 failpoint (tests/integration/failpoints/), hands its detect agent a batch it read before
-the rebalance once the rebalance has revoked the partitions. Processed and acknowledged,
-that batch let faust, which forgets a partition's committed offset as a revocation begins,
-commit past the dropped records: their runs were never seen by either worker."""
+the rebalance once the partitions are assigned again, flushes it and lets faust commit
+before its end-of-recovery seek. Processed and acknowledged, that batch let faust, which
+forgets a partition's committed offset as a revocation begins, commit past the dropped
+records: their runs were never seen by either worker. Its steps partitions have no
+committed offset yet when the second worker joins: their records fetched during the
+rebalance must be read again too (faust_internals.install_uncommitted_seek_fix)."""
 
 from __future__ import annotations
 
