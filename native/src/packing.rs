@@ -9,6 +9,7 @@
 //! odd round-trip exactly as the reference writes them.
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 
@@ -163,9 +164,10 @@ impl StateWriter {
                     rest.push(v.clone());
                 }
             }
-            let mask = py
-                .get_type::<PyInt>()
-                .call_method1("from_bytes", (PyBytes::new(py, &mask), "little"))?;
+            let mask = py.get_type::<PyInt>().call_method1(
+                intern!(py, "from_bytes"),
+                (PyBytes::new(py, &mask), intern!(py, "little")),
+            )?;
             self.push_item(py, mask)?;
             return self.column_of(py, &rest);
         }
@@ -378,13 +380,14 @@ impl StateWriter {
 
     fn bigint(&mut self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<()> {
         if value.is_exact_instance_of::<PyInt>() && value.ge(0)? {
-            let bits: usize = value.call_method0("bit_length")?.extract()?;
+            let bits: usize = value.call_method0(intern!(py, "bit_length"))?.extract()?;
             let size = (bits + 7) / 8;
             self.push_item(py, size)?;
             match value.extract::<u64>() {
                 Ok(small) => self.data.extend_from_slice(&small.to_le_bytes()[..size]),
                 Err(_) => {
-                    let raw = value.call_method1("to_bytes", (size, "little"))?;
+                    let raw = value
+                        .call_method1(intern!(py, "to_bytes"), (size, intern!(py, "little")))?;
                     self.data
                         .extend_from_slice(raw.downcast::<PyBytes>()?.as_bytes());
                 }
@@ -447,7 +450,7 @@ impl StateWriter {
             let values = PyList::new(
                 py,
                 mapping
-                    .call_method0("values")?
+                    .call_method0(intern!(py, "values"))?
                     .try_iter()?
                     .collect::<PyResult<Vec<_>>>()?,
             )?;

@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
@@ -163,7 +164,7 @@ pub fn py_lower<'s>(py: Python<'_>, s: &'s str) -> R<Cow<'s, str>> {
             Ok(Cow::Borrowed(s))
         }
     } else {
-        let out = PyString::new(py, s).call_method0("lower")?;
+        let out = PyString::new(py, s).call_method0(intern!(py, "lower"))?;
         Ok(Cow::Owned(out.extract::<String>()?))
     }
 }
@@ -405,7 +406,7 @@ pub enum PyInt {
 pub fn py_int(py: Python<'_>, text: &str) -> R<Option<PyInt>> {
     if !text.is_ascii() {
         let builtins = py.import("builtins")?;
-        return match builtins.getattr("int")?.call1((text,)) {
+        return match builtins.getattr(intern!(py, "int"))?.call1((text,)) {
             Ok(v) => Ok(Some(match v.extract::<i64>() {
                 Ok(i) => PyInt::Small(i),
                 Err(_) => PyInt::Big,

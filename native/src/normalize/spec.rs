@@ -166,8 +166,8 @@ pub(super) fn parse_source(v: &V<'static>) -> Result<Source, SpecErr> {
 pub(super) fn compile_pattern(py: Python<'_>, pattern: &str) -> PyResult<Py<PyAny>> {
     let re = py.import("re")?;
     Ok(re
-        .call_method1("compile", (pattern,))?
-        .getattr("search")?
+        .call_method1(pyo3::intern!(py, "compile"), (pattern,))?
+        .getattr(pyo3::intern!(py, "search"))?
         .unbind())
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -191,3 +192,24 @@ def test_the_active_path_uses_the_native_writer() -> None:
 
     writer = packing.new_writer()
     assert isinstance(writer, ColumnWriter) == (native.ACTIVE == "python")
+
+
+def test_the_writer_looks_methods_up_by_interned_names() -> None:
+    """The writer's method lookups (`bit_length`, `to_bytes`, `from_bytes`, `values`) use
+    interned names. A name built per call stays in CPython 3.11's type attribute cache, a
+    fresh copy in a random slot each time, and a few thousand of them, each living past the
+    burst that allocated it, kept pymalloc pools in use (worker RSS grew with history:
+    docs/PERFORMANCE.md, "What pinned the pools")."""
+    writer = native_writer()
+    sys._clear_type_cache()
+    before = sys.getallocatedblocks()
+    for n in range(3000):
+        noise = [str(i) * 3 for i in range(n % 7)]  # other allocations move the next name
+        writer.bigint((1 << 70) + n)  # bit_length, to_bytes
+        writer.column([n, None, n + 1])  # int.from_bytes (the None mask)
+        writer.mapping({"a": n}, None)  # values
+        del noise
+    held = sys.getallocatedblocks() - before
+    sys._clear_type_cache()
+    dropped = held - (sys.getallocatedblocks() - before)
+    assert dropped < 20, f"the type cache held {dropped} names the writer built"

@@ -113,6 +113,24 @@ def test_without_glibc_nothing_is_set_or_trimmed() -> None:
     allocator.release_free_memory(None)  # no libc: returns, does not raise
 
 
+def test_release_drops_the_names_the_type_cache_holds() -> None:
+    """A name built at run time, as a C extension's `PyObject_CallMethod(obj, "name")` or
+    pyo3's `call_method0("name")` builds it, is kept by CPython 3.11's type attribute cache
+    once looked up; a pymalloc pool holding it cannot be handed back (allocator's
+    docstring). The trim drops it."""
+
+    class Probe:
+        value = 1
+
+    name = "".join(["val", "ue"])  # a fresh str, not the interned constant
+    base = sys.getrefcount(name)
+    getattr(Probe(), name)
+    if sys.getrefcount(name) == base:
+        pytest.skip("this interpreter's type cache keeps no reference to the name")
+    allocator.release_free_memory(None)
+    assert sys.getrefcount(name) == base
+
+
 _ARENAS = textwrap.dedent(
     """
     import ctypes, sys, tempfile, threading
