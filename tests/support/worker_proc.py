@@ -97,6 +97,8 @@ class WorkerProc:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # the workers sharing these topics (`sibling`): cleanup stops them all first
+        self.group: list[WorkerProc] = [self]
 
     def sibling(self, workdir: Path) -> WorkerProc:
         """A second worker of the same app: its group, topics and settings, its own ports
@@ -107,6 +109,8 @@ class WorkerProc:
         )
         other.env["LOOPWATCH_DATA_DIR"] = str(workdir / "data")
         other.app_id, other.topics = self.app_id, self.topics
+        other.group = self.group
+        self.group.append(other)
         return other
 
     # ------------------------------------------------------------------ lifecycle
@@ -170,10 +174,18 @@ class WorkerProc:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def cleanup(self) -> None:
+    def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        """Kill this worker and every sibling, then delete the topics they share. A sibling
+        still running when they are deleted recreates them (its clients' metadata requests
+        auto-create topics on a broker that allows it), and the deletion's wait then timed
+        out (`make bench`, 2026-12-06: the two-worker round's first cleanup)."""
+        for worker in self.group:
+            worker.kill()
         names = list(self.topics.values()) + [f"{self.app_id}-{t}-changelog" for t in TABLES]
         names.append(f"{self.app_id}-__assignor-__leader")  # faust creates it
         existing = set(admin_client().list_topics(timeout=10).topics)

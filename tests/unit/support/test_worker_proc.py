@@ -30,3 +30,46 @@ def test_free_port_never_hands_out_the_same_port_twice(monkeypatch: pytest.Monke
     monkeypatch.setattr(worker_proc, "_HANDED_OUT", set(), raising=False)
     monkeypatch.setattr(worker_proc.socket, "socket", FakeSocket)
     assert [worker_proc.free_port(), worker_proc.free_port()] == [40_001, 40_002]
+
+
+def test_cleanup_stops_every_sibling_before_deleting_the_shared_topics(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sibling still running when the topics went recreated them (auto-create on its
+    metadata requests), and the deletion's wait timed out: `make bench`'s two-worker round
+    died in the first worker's cleanup."""
+
+    class FakePopen:
+        def __init__(self) -> None:
+            self.returncode: int | None = None
+
+        def poll(self) -> int | None:
+            return self.returncode
+
+        def kill(self) -> None:
+            self.returncode = -9
+
+        def wait(self, timeout: float) -> int | None:
+            return self.returncode
+
+    class FakeAdmin:
+        def list_topics(self, timeout: float) -> Any:
+            return type("Metadata", (), {"topics": dict.fromkeys(first.topics.values())})()
+
+    first = worker_proc.WorkerProc(tmp_path / "w0", worker_proc.EXAMPLE_POLICY)
+    second = first.sibling(tmp_path / "w1")
+    unrelated = worker_proc.WorkerProc(tmp_path / "w2", worker_proc.EXAMPLE_POLICY)
+    for worker in (first, second, unrelated):
+        worker.proc = FakePopen()  # type: ignore[assignment]
+    alive_at_delete: list[list[bool]] = []
+
+    def delete_topics(names: list[str]) -> None:
+        assert set(names) == set(first.topics.values())
+        alive_at_delete.append([w.alive() for w in (first, second, unrelated)])
+
+    monkeypatch.setattr(worker_proc, "admin_client", FakeAdmin)
+    monkeypatch.setattr(worker_proc, "delete_topics", delete_topics)
+    first.cleanup()
+    assert alive_at_delete == [[False, False, True]]
+    second.cleanup()  # after the first: nothing left running, the topics deleted again
+    assert alive_at_delete[-1] == [False, False, True]
