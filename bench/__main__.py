@@ -39,6 +39,30 @@ def _ms_range(stat: dict[str, float]) -> str:
     return f"{stat['min'] * 1000:,.0f}-{stat['max'] * 1000:,.0f} ms"
 
 
+class PartialResults:
+    """What a run has measured so far, written after each part to `path` (the results
+    file's name with `.partial.json`): a run that dies at minute 80 (a broker hiccup, a
+    harness bug) keeps the 80 minutes it measured. `finish` writes the results file and
+    removes the partial one."""
+
+    def __init__(self, results: dict[str, object], path: Path) -> None:
+        self.results = results
+        self.path = path
+
+    def keep(self, name: str, value: object) -> None:
+        self.results[name] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.results, indent=2, default=str))
+        print(f"bench: {name} measured, kept in {self.path.name}", file=sys.stderr, flush=True)
+
+    def finish(self) -> Path:
+        final = self.path.with_name(self.path.name.replace(".partial.json", ".json"))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        final.write_text(json.dumps(self.results, indent=2, default=str))
+        self.path.unlink(missing_ok=True)
+        return final
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument(
@@ -87,26 +111,29 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+    out_dir = ROOT / "bench" / "results"
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    partial = PartialResults(results, out_dir / f"bench-{stamp}.partial.json")
     replay = replay_bench.run(args.spans, args.policy)
-    results["replay"] = replay
+    partial.keep("replay", replay)
     sketches = replay_bench.sketches_on_off(args.spans, args.policy)
-    results["replay_sketches"] = sketches
+    partial.keep("replay_sketches", sketches)
     text_sketches = replay_bench.sketches_on_off_text(args.policy)
-    results["replay_sketches_text"] = text_sketches
+    partial.keep("replay_sketches_text", text_sketches)
     checkpoints = (100_000, args.memory_spans)
     memory = replay_bench.memory_profile(args.memory_spans, args.policy, checkpoints)
     memory["rss_mib_after_each_of_10_replays"] = leak = replay_bench.leak_check(50_000, args.policy)
-    results["replay_memory"] = memory
+    partial.keep("replay_memory", memory)
     # the same corpus in time order and shuffled (random batches, 30% re-sent), 2 files each
     order = order_bench.order_cost(list(export_messages(args.order_spans, seed=3)))
-    results["replay_order"] = order
+    partial.keep("replay_order", order)
     # what keeping finished runs for query run costs (the retained table)
     retention = retention_bench.run(60_000, (100_000, 1_000_000))
-    results["retention"] = retention
+    partial.keep("retention", retention)
     guard = guard_bench.run(400, args.policy)
-    results["guard"] = guard
+    partial.keep("guard", guard)
     guard_held = guard_bench.run(400, args.policy, holds=1000)
-    results["guard_1000_holds"] = guard_held
+    partial.keep("guard_1000_holds", guard_held)
 
     rows = [
         (
@@ -228,22 +255,26 @@ def main(argv: list[str] | None = None) -> int:
             },
             args.e2e_spans,
         ).values()
-        latency = e2e_bench.latency_rounds(
-            args.latency_rate, args.latency_seconds, args.latency_rounds
-        )
-        mem = e2e_bench.memory_rounds(
-            tuple(int(x) for x in args.worker_runs.split(",")), args.memory_rounds
-        )
-        holds = e2e_bench.holds_api(1000)
-        results["e2e"] = {
+        e2e: dict[str, object] = {
             "one_worker": one,
             "two_workers": two,
             "one_worker_keyed": keyed,
             "one_worker_keyed_no_sketches": keyed_off,
-            "latency": latency,
-            "worker_memory": mem,
-            "holds_api": holds,
         }
+        partial.keep("e2e", e2e)
+        latency = e2e_bench.latency_rounds(
+            args.latency_rate, args.latency_seconds, args.latency_rounds
+        )
+        e2e["latency"] = latency
+        partial.keep("e2e", e2e)
+        mem = e2e_bench.memory_rounds(
+            tuple(int(x) for x in args.worker_runs.split(",")), args.memory_rounds
+        )
+        e2e["worker_memory"] = mem
+        partial.keep("e2e", e2e)
+        holds = e2e_bench.holds_api(1000)
+        e2e["holds_api"] = holds
+        partial.keep("e2e", e2e)
         rows += [
             (
                 "worker, backlog, 1 process (spans/s)",
@@ -350,10 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * (width + 50))
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>28}  {note}")
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"bench-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
+    path = partial.finish()
     print(f"\nwritten {path.relative_to(ROOT)}", file=sys.stderr)
     return 0
 
