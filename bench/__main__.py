@@ -107,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    started = dt.datetime.now(dt.UTC)  # the results' date and their file's name
     results: dict[str, object] = {
         "machine": machine(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "date": started.isoformat(timespec="seconds"),
     }
-    out_dir = ROOT / "bench" / "results"
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    partial = PartialResults(results, out_dir / f"bench-{stamp}.partial.json")
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    partial = PartialResults(results, ROOT / "bench" / "results" / f"bench-{stamp}.partial.json")
     replay = replay_bench.run(args.spans, args.policy)
     partial.keep("replay", replay)
     sketches = replay_bench.sketches_on_off(args.spans, args.policy)

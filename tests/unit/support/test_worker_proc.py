@@ -35,9 +35,9 @@ def test_free_port_never_hands_out_the_same_port_twice(monkeypatch: pytest.Monke
 def test_cleanup_stops_every_sibling_before_deleting_the_shared_topics(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sibling still running when the topics went recreated them (auto-create on its
-    metadata requests), and the deletion's wait timed out: `make bench`'s two-worker round
-    died in the first worker's cleanup."""
+    """A sibling still running when the topics were deleted recreated them (auto-create on
+    its metadata requests), and the deletion's wait timed out: `make bench`'s two-worker
+    round died in the first worker's cleanup."""
 
     class FakePopen:
         def __init__(self) -> None:
