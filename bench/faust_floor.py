@@ -22,11 +22,13 @@ def main(argv: list[str]) -> int:
     import faust
 
     from streams.runtime import tune_gc
+    from streams.worker import faust_internals
     from streams.worker.faust_app import consumer_conf
     from streams.worker.settings import WorkerSettings
 
     topic_name, want = argv[0], int(argv[1])
     s = WorkerSettings.from_env()
+    faust_internals.install_fetch_wait(s.fetch_min_kb * 1024, s.fetch_max_wait_ms)
     app: Any = cast(Any, faust.App)(
         f"{s.app_id}-floor",
         store="memory://",

@@ -139,6 +139,8 @@ class LoopwatchService:
         # records of a partition with no committed offset fetched and dropped before it
         faust_internals.install_recovery_fix()
         faust_internals.install_uncommitted_seek_fix()
+        # and faust's consumer returns a fetch as soon as one record is there
+        faust_internals.install_fetch_wait(s.fetch_min_kb * 1024, s.fetch_max_wait_ms)
         s.data_path.mkdir(parents=True, exist_ok=True)
         self.app: Any = make_app(s, detect_partitions)
         topics = self._topics(detect_partitions)

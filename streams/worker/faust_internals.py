@@ -7,6 +7,7 @@ upgrade that changes one fails a test that names it, not the worker in productio
 |---|---|---|
 | `install_recovery_fix` | the end-of-recovery race below (faust-streaming #216 fixed it for apps without tables in #217; #253, which stopped fetching on suspend, was reverted in #256) | patch |
 | `install_uncommitted_seek_fix` | the seek below: aiokafka's `seek_to_committed` moves only partitions with a committed offset above 0 | patch |
+| `install_fetch_wait` | faust builds its worker consumer with `fetch_max_wait_ms=1500` and aiokafka's `fetch_min_bytes` of 1, and has no setting for either: live traffic is fetched a record or two at a time | patch |
 | `in_event` | `faust.streams._current_event`: a table write goes to the current event's partition, and batched processing (`take_events`) handles several partitions per batch | ContextVar |
 | `table_databases` | `table.data._dbs`: rocksdb's memory properties per partition, for /healthz | read |
 | `share_store_memory` | `table.data.rocksdb_options`: faust's `RocksDBOptions.as_options()` gives every partition of every table a block cache of its own and no write buffer manager; replaced by one built on a shared cache and manager | replace |
@@ -143,6 +144,46 @@ def install_uncommitted_seek_fix() -> bool:
 
     setattr(seek_to_committed, _UNCOMMITTED_MARK, True)
     AIOKafkaConsumerThread.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
+    return True
+
+
+_FETCH_MARK = "_loopwatch_fetch_wait"
+
+
+def install_fetch_wait(min_bytes: int, max_wait_ms: int) -> bool:
+    """Wrap the aiokafka driver's ``AIOKafkaConsumerThread._create_worker_consumer``: the
+    consumer it builds waits for `min_bytes` or `max_wait_ms` before a fetch returns
+    (aiokafka's `fetch_min_bytes`, `fetch_max_wait_ms`, read by its `start()` when it builds
+    the fetcher). With faust's values a fetch returned as soon as one record arrived: at
+    10,000 spans/s the consumer thread sent hundreds of fetches a second, and the agents got
+    batches of a few records (docs/PERFORMANCE.md). A second call sets new values;
+    `min_bytes` 0 puts faust's method back. False, with a warning, when faust no longer has
+    the method."""
+    try:
+        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+    except ImportError:  # pragma: no cover - faust is a dependency
+        return False
+    current = getattr(AIOKafkaConsumerThread, "_create_worker_consumer", None)
+    if current is None:
+        log.warning(
+            "faust's aiokafka consumer thread has no _create_worker_consumer (a faust "
+            "upgrade?): fetches keep faust's settings"
+        )
+        return False
+    original = getattr(current, _FETCH_MARK, current)
+    if not min_bytes:
+        AIOKafkaConsumerThread._create_worker_consumer = original  # type: ignore[method-assign]
+        return True
+
+    @functools.wraps(original)
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        consumer._fetch_min_bytes = min_bytes
+        consumer._fetch_max_wait_ms = max_wait_ms
+        return consumer
+
+    setattr(create_worker_consumer, _FETCH_MARK, original)
+    AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
     return True
 
 

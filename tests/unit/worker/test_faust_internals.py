@@ -162,6 +162,79 @@ async def test_uncommitted_partitions_are_sought_to_their_beginning(
     assert sorted(sought) == [("26", otlp2), ("beginning", steps2), ("beginning", steps3)]
 
 
+# ------------------------------------------------------------------- how fetches wait
+
+
+async def worker_consumer() -> Any:
+    """The aiokafka consumer faust's driver builds for a worker (not started)."""
+    app: Any = faust.App("internals-fetch", broker="kafka://127.0.0.1:1", store="memory://")
+    return app.consumer._thread._create_worker_consumer(app.transport)
+
+
+async def close(consumer: Any) -> None:
+    await consumer._client.close()
+    consumer._closed = True  # (never started: nothing else to stop)
+
+
+async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte() -> None:
+    """What the patch is for: faust passes fetch_max_wait_ms=1500 and leaves aiokafka's
+    fetch_min_bytes at 1, with no setting for either."""
+    consumer = await worker_consumer()
+    try:
+        assert (consumer._fetch_min_bytes, consumer._fetch_max_wait_ms) == (1, 1500)
+    finally:
+        await close(consumer)
+
+
+async def test_the_worker_consumer_waits_as_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    faust_s = AIOKafkaConsumerThread._create_worker_consumer
+    monkeypatch.setattr(AIOKafkaConsumerThread, "_create_worker_consumer", faust_s)
+    assert faust_internals.install_fetch_wait(131072, 40)
+    assert faust_internals.install_fetch_wait(65536, 25)  # new values, one wrapper
+    consumer = await worker_consumer()
+    try:
+        assert (consumer._fetch_min_bytes, consumer._fetch_max_wait_ms) == (65536, 25)
+    finally:
+        await close(consumer)
+    assert faust_internals.install_fetch_wait(0, 40)  # 0: faust's own again
+    assert AIOKafkaConsumerThread._create_worker_consumer is faust_s
+
+
+async def test_aiokafka_builds_its_fetcher_from_the_consumer_s_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The patch sets the fields after faust built the consumer: aiokafka must read them
+    when `start()` builds the fetcher, not copy them at construction."""
+    import aiokafka
+    import aiokafka.consumer.consumer as consumer_module
+
+    class Built(Exception):
+        pass
+
+    seen: dict[str, Any] = {}
+
+    def fetcher(*args: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise Built
+
+    async def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1", group_id="g")
+    consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = 131072, 40
+    monkeypatch.setattr(consumer._client, "bootstrap", nothing)
+    monkeypatch.setattr(consumer, "_wait_topics", nothing)
+    monkeypatch.setattr(consumer_module, "Fetcher", fetcher)
+    try:
+        with pytest.raises(Built):
+            await consumer.start()
+        assert (seen["fetch_min_bytes"], seen["fetch_max_wait_ms"]) == (131072, 40)
+    finally:
+        await close(consumer)
+
+
 # ---------------------------------------------------------------------------- the reads
 
 

@@ -32,6 +32,7 @@ def test_defaults() -> None:
     assert s.dlq_capture_payload is False
     assert s.broker_url == "kafka://127.0.0.1:19092"
     assert s.changelog_topic("runs") == "loopwatch-runs-changelog"
+    assert (s.fetch_min_kb, s.fetch_max_wait_ms) == (128, 40)
 
 
 def test_overrides() -> None:
@@ -44,8 +45,11 @@ def test_overrides() -> None:
             "LOOPWATCH_PARTITIONS": "8",
             "LOOPWATCH_API_TOKEN": "tok",
             "LOOPWATCH_DLQ_CAPTURE_PAYLOAD": "yes",
+            "LOOPWATCH_FETCH_MIN_KB": "0",
+            "LOOPWATCH_FETCH_MAX_WAIT_MS": "200",
         }
     )
+    assert (s.fetch_min_kb, s.fetch_max_wait_ms) == (0, 200)
     assert s.broker_url == "kafka://a:1,kafka://b:2"
     assert s.input_encoding == "otlp_json" and s.input_keyed_by_run and s.store == "memory://"
     assert s.partitions == 8 and s.api_token == "tok" and s.dlq_capture_payload
@@ -76,6 +80,8 @@ def test_overrides() -> None:
         ("LOOPWATCH_STEPS_GROUPING", "trace", "expected one of partition, run"),
         ("LOOPWATCH_FETCH_PARTITION_MB", "0", "LOOPWATCH_FETCH_PARTITION_MB"),
         ("LOOPWATCH_PRODUCER_BATCH_KB", "1024", "from 16 to 960"),
+        ("LOOPWATCH_FETCH_MAX_WAIT_MS", "0", "from 1 to 1500"),
+        ("LOOPWATCH_FETCH_MIN_KB", "-1", "LOOPWATCH_FETCH_MIN_KB"),
     ],
 )
 def test_invalid_values_name_the_variable(name: str, value: str, match: str) -> None:
