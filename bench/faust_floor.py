@@ -23,12 +23,12 @@ def main(argv: list[str]) -> int:
 
     from streams.runtime import tune_gc
     from streams.worker import faust_internals
-    from streams.worker.faust_app import consumer_conf
+    from streams.worker.faust_app import consumer_conf, fetch_wait
     from streams.worker.settings import WorkerSettings
 
     topic_name, want = argv[0], int(argv[1])
     s = WorkerSettings.from_env()
-    faust_internals.install_fetch_wait(s.fetch_min_kb * 1024, s.fetch_max_wait_ms)
+    faust_internals.install_fetch_wait(*fetch_wait(s))  # as the worker fetches
     app: Any = cast(Any, faust.App)(
         f"{s.app_id}-floor",
         store="memory://",

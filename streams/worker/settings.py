@@ -95,14 +95,16 @@ variable                                  default                     meaning
                                                                       1 MiB, starved the agents:
                                                                       half the worker's time was
                                                                       spent waiting for records)
-``LOOPWATCH_FETCH_MIN_KB``                ``128``                     a fetch returns once this
-                                                                      much is there ...
-``LOOPWATCH_FETCH_MAX_WAIT_MS``           ``40``                      ... or after this long (live
-                                                                      traffic, keyed: one fetch
-                                                                      per arriving record cost
-                                                                      ~9 us of CPU a span);
-                                                                      ``LOOPWATCH_FETCH_MIN_KB=0``:
-                                                                      faust's (1 byte, 1,500 ms)
+``LOOPWATCH_FETCH_MIN_KB``                ``128`` keyed,              a fetch returns once this
+                                          ``0`` unkeyed               much is there ...
+``LOOPWATCH_FETCH_MAX_WAIT_MS``           ``40``                      ... or after this long
+                                                                      (keyed live traffic: one
+                                                                      fetch per arriving record
+                                                                      cost ~7 us of CPU a span);
+                                                                      ``0`` KB: faust's (1 byte,
+                                                                      1,500 ms), which unkeyed
+                                                                      input keeps (its backlog
+                                                                      was slower with the wait)
 ``LOOPWATCH_TICK_SECONDS``                ``0.25``                    timer period (releases,
                                                                       finalization, cleanup);
                                                                       an input clock advance
@@ -233,7 +235,7 @@ class WorkerSettings:
     fetch_partition_mb: int = 16
     # a fetch waits for this much data or this long (aiokafka's fetch_min_bytes and
     # fetch_max_wait_ms; faust sets 1 byte and 1,500 ms: one fetch per arriving record)
-    fetch_min_kb: int = 128
+    fetch_min_kb: int | None = None  # None: 128 keyed, 0 (faust's) unkeyed
     fetch_max_wait_ms: int = 40
     # releases, finalizations and cleanup; an input clock advance sends its ticks at once
     tick_seconds: float = 0.25
@@ -361,7 +363,11 @@ class WorkerSettings:
             "fetch_partition_mb": reader.integer(
                 "LOOPWATCH_FETCH_PARTITION_MB", d.fetch_partition_mb, 1, 1024
             ),
-            "fetch_min_kb": reader.integer("LOOPWATCH_FETCH_MIN_KB", d.fetch_min_kb, 0, 16_384),
+            "fetch_min_kb": (
+                reader.integer("LOOPWATCH_FETCH_MIN_KB", 0, 0, 16_384)
+                if reader.has("LOOPWATCH_FETCH_MIN_KB")
+                else None
+            ),
             "fetch_max_wait_ms": reader.integer(
                 "LOOPWATCH_FETCH_MAX_WAIT_MS", d.fetch_max_wait_ms, 1, 1500
             ),

@@ -32,7 +32,7 @@ def test_defaults() -> None:
     assert s.dlq_capture_payload is False
     assert s.broker_url == "kafka://127.0.0.1:19092"
     assert s.changelog_topic("runs") == "loopwatch-runs-changelog"
-    assert (s.fetch_min_kb, s.fetch_max_wait_ms) == (128, 40)
+    assert (s.fetch_min_kb, s.fetch_max_wait_ms) == (None, 40)
 
 
 def test_overrides() -> None:
@@ -177,3 +177,17 @@ def test_commits_come_often_only_where_the_input_clock_needs_them() -> None:
     assert commit_interval(WorkerSettings.from_env(chosen)) == 2.0
     with pytest.raises(ConfigError, match="LOOPWATCH_COMMIT_INTERVAL_SECONDS"):
         WorkerSettings.from_env({"LOOPWATCH_COMMIT_INTERVAL_SECONDS": "0"})
+
+
+def test_fetches_wait_for_data_on_keyed_input_only_unless_set() -> None:
+    """Keyed input: a fetch waits for 128 KiB or 40 ms; unkeyed input keeps faust's
+    (0: the patch is not applied). The settings override both."""
+    from streams.worker.faust_app import fetch_wait
+
+    assert fetch_wait(WorkerSettings.from_env({})) == (0, 40)
+    keyed = {"LOOPWATCH_INPUT_KEYED_BY_RUN": "true"}
+    assert fetch_wait(WorkerSettings.from_env(keyed)) == (131072, 40)
+    chosen = {"LOOPWATCH_FETCH_MIN_KB": "0", **keyed}
+    assert fetch_wait(WorkerSettings.from_env(chosen)) == (0, 40)
+    unkeyed = {"LOOPWATCH_FETCH_MIN_KB": "64", "LOOPWATCH_FETCH_MAX_WAIT_MS": "10"}
+    assert fetch_wait(WorkerSettings.from_env(unkeyed)) == (65536, 10)
