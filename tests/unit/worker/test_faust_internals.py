@@ -176,9 +176,17 @@ async def close(consumer: Any) -> None:
     consumer._closed = True  # (never started: nothing else to stop)
 
 
-async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte() -> None:
+async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """What the patch is for: faust passes fetch_max_wait_ms=1500 and leaves aiokafka's
     fetch_min_bytes at 1, with no setting for either."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    # (a keyed worker built earlier in this process installed the wait: faust's own here)
+    current = AIOKafkaConsumerThread._create_worker_consumer
+    monkeypatch.setattr(AIOKafkaConsumerThread, "_create_worker_consumer", current)
+    assert faust_internals.install_fetch_wait(0, 40)
     consumer = await worker_consumer()
     try:
         assert (consumer._fetch_min_bytes, consumer._fetch_max_wait_ms) == (1, 1500)
@@ -189,8 +197,10 @@ async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte() -> No
 async def test_the_worker_consumer_waits_as_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
+    current = AIOKafkaConsumerThread._create_worker_consumer
+    monkeypatch.setattr(AIOKafkaConsumerThread, "_create_worker_consumer", current)
+    assert faust_internals.install_fetch_wait(0, 40)  # faust's, whatever ran before
     faust_s = AIOKafkaConsumerThread._create_worker_consumer
-    monkeypatch.setattr(AIOKafkaConsumerThread, "_create_worker_consumer", faust_s)
     assert faust_internals.install_fetch_wait(131072, 40)
     assert faust_internals.install_fetch_wait(65536, 25)  # new values, one wrapper
     consumer = await worker_consumer()
