@@ -1,4 +1,4 @@
-"""Every use of faust's (and, through it, aiokafka's) private internals, and the two
+"""Every use of faust's (and, through it, aiokafka's) private internals, and the three
 patches, in one place. faust-streaming is pinned to >=0.15.2,<0.16 (pyproject.toml);
 tests/unit/worker/test_faust_internals.py has a test for each behaviour relied on here, so an
 upgrade that changes one fails a test that names it, not the worker in production.
@@ -81,19 +81,25 @@ log = logging.getLogger(__name__)
 _MARK = "_loopwatch_flow_stopped_before_seek"
 
 
+def _patchable(owner: Any, name: str, missing: str, *also: str) -> Any | None:
+    """`owner.name`, to wrap, when it and the attributes `also` exist; else None, with a
+    warning that says what is `missing` for it."""
+    original = getattr(owner, name, None)
+    if original is None or not all(hasattr(owner, other) for other in also):
+        names = " or ".join((name, *also))
+        log.warning("faust's %s has no %s (a faust upgrade?): %s", owner.__name__, names, missing)
+        return None
+    return original
+
+
 def install_recovery_fix() -> bool:
     """Wrap faust's ``Recovery.on_recovery_completed`` (once). False, with a warning,
     when faust no longer has what the fix relies on."""
-    try:
-        from faust.tables.recovery import Recovery
-    except ImportError:  # pragma: no cover - faust is a dependency
-        return False
-    original = getattr(Recovery, "on_recovery_completed", None)
+    from faust.tables.recovery import Recovery
+
+    missing = "the fix for records lost at the end of recovery is not installed"
+    original = _patchable(Recovery, "on_recovery_completed", missing)
     if original is None:
-        log.warning(
-            "faust's Recovery has no on_recovery_completed (a faust upgrade?): the fix for "
-            "records lost at the end of recovery is not installed"
-        )
         return False
     if getattr(original, _MARK, False):
         return True
@@ -115,17 +121,11 @@ def install_uncommitted_seek_fix() -> bool:
     """Wrap the aiokafka driver's ``AIOKafkaConsumerThread.seek_to_committed`` (once):
     stream partitions with no committed offset are sought to their beginning. False, with
     a warning, when faust no longer has it."""
-    try:
-        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-    except ImportError:  # pragma: no cover - faust is a dependency
-        return False
-    original = getattr(AIOKafkaConsumerThread, "seek_to_committed", None)
-    if original is None or not hasattr(AIOKafkaConsumerThread, "seek_to_beginning"):
-        log.warning(
-            "faust's aiokafka consumer thread has no seek_to_committed or seek_to_beginning "
-            "(a faust upgrade?): records of uncommitted partitions fetched during a "
-            "rebalance may be skipped"
-        )
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    missing = "records of uncommitted partitions fetched during a rebalance may be skipped"
+    original = _patchable(AIOKafkaConsumerThread, "seek_to_committed", missing, "seek_to_beginning")
+    if original is None:
         return False
     if getattr(original, _UNCOMMITTED_MARK, False):
         return True
@@ -159,16 +159,11 @@ def install_fetch_wait(min_bytes: int, max_wait_ms: int) -> bool:
     of a few records (docs/PERFORMANCE.md). A second call sets new values;
     `min_bytes` 0 puts faust's method back. False, with a warning, when faust no longer has
     the method."""
-    try:
-        from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-    except ImportError:  # pragma: no cover - faust is a dependency
-        return False
-    current = getattr(AIOKafkaConsumerThread, "_create_worker_consumer", None)
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    missing = "fetches keep faust's settings"
+    current = _patchable(AIOKafkaConsumerThread, "_create_worker_consumer", missing)
     if current is None:
-        log.warning(
-            "faust's aiokafka consumer thread has no _create_worker_consumer (a faust "
-            "upgrade?): fetches keep faust's settings"
-        )
         return False
     original = getattr(current, _FETCH_MARK, current)
     if not min_bytes:

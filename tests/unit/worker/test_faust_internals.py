@@ -212,6 +212,17 @@ async def test_the_worker_consumer_waits_as_installed(monkeypatch: pytest.Monkey
     assert AIOKafkaConsumerThread._create_worker_consumer is faust_s
 
 
+def test_without_the_method_the_wait_is_not_installed_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    monkeypatch.delattr(AIOKafkaConsumerThread, "_create_worker_consumer")
+    assert not faust_internals.install_fetch_wait(131072, 40)
+    assert "has no _create_worker_consumer (a faust upgrade?)" in caplog.text
+    assert not hasattr(AIOKafkaConsumerThread, "_create_worker_consumer")
+
+
 async def test_aiokafka_builds_its_fetcher_from_the_consumer_s_fields(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
