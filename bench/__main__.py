@@ -51,16 +51,18 @@ class PartialResults:
 
     def keep(self, name: str, value: object) -> None:
         self.results[name] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.results, indent=2, default=str))
+        self._write(self.path)
         print(f"bench: {name} measured, kept in {self.path.name}", file=sys.stderr, flush=True)
 
     def finish(self) -> Path:
         final = self.path.with_name(self.path.name.replace(".partial.json", ".json"))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        final.write_text(json.dumps(self.results, indent=2, default=str))
+        self._write(final)
         self.path.unlink(missing_ok=True)
         return final
+
+    def _write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.results, indent=2, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:
