@@ -176,17 +176,23 @@ async def close(consumer: Any) -> None:
     consumer._closed = True  # (never started: nothing else to stop)
 
 
-async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """What the patch is for: faust passes fetch_max_wait_ms=1500 and leaves aiokafka's
-    fetch_min_bytes at 1, with no setting for either."""
+@pytest.fixture
+def faust_s_create(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """faust's own `_create_worker_consumer`, installed for the test and put back as it was
+    after it (a keyed worker built earlier in this process may have installed the wait)."""
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    # (a keyed worker built earlier in this process installed the wait: faust's own here)
     current = AIOKafkaConsumerThread._create_worker_consumer
     monkeypatch.setattr(AIOKafkaConsumerThread, "_create_worker_consumer", current)
     assert faust_internals.install_fetch_wait(0, 40)
+    return AIOKafkaConsumerThread._create_worker_consumer
+
+
+async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte(
+    faust_s_create: Any,
+) -> None:
+    """What the patch is for: faust passes fetch_max_wait_ms=1500 and leaves aiokafka's
+    fetch_min_bytes at 1, with no setting for either."""
     consumer = await worker_consumer()
     try:
         assert (consumer._fetch_min_bytes, consumer._fetch_max_wait_ms) == (1, 1500)
@@ -194,13 +200,9 @@ async def test_faust_s_worker_consumer_returns_a_fetch_at_the_first_byte(
         await close(consumer)
 
 
-async def test_the_worker_consumer_waits_as_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_worker_consumer_waits_as_installed(faust_s_create: Any) -> None:
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
-    current = AIOKafkaConsumerThread._create_worker_consumer
-    monkeypatch.setattr(AIOKafkaConsumerThread, "_create_worker_consumer", current)
-    assert faust_internals.install_fetch_wait(0, 40)  # faust's, whatever ran before
-    faust_s = AIOKafkaConsumerThread._create_worker_consumer
     assert faust_internals.install_fetch_wait(131072, 40)
     assert faust_internals.install_fetch_wait(65536, 25)  # new values, one wrapper
     consumer = await worker_consumer()
@@ -209,7 +211,7 @@ async def test_the_worker_consumer_waits_as_installed(monkeypatch: pytest.Monkey
     finally:
         await close(consumer)
     assert faust_internals.install_fetch_wait(0, 40)  # 0: faust's own again
-    assert AIOKafkaConsumerThread._create_worker_consumer is faust_s
+    assert AIOKafkaConsumerThread._create_worker_consumer is faust_s_create
 
 
 def test_without_the_method_the_wait_is_not_installed_and_says_so(
