@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,22 @@ def event_facts(events: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
     return {tuple(e[k] for k in _EVENT) for e in events}
 
 
-def run_worker(
-    tmp_path: Path, records: list[bytes], want_events: int, *, backlog: bool
-) -> tuple[list[Any], list[Any]]:
+@dataclass
+class Outcome:
+    events: list[Any]
+    summaries: list[Any]
+    health: dict[str, Any]  # the worker's /healthz once the outputs were read
+    warnings: list[str]  # its log's warnings
+
+    def diagnosis(self) -> list[str]:
+        """What tells a premature release's causes apart, for a failure message."""
+        counters = ("refetched_records", "records_read_before_rebalance", "publish_retries")
+        return [f"    worker {[(k, self.health.get(k)) for k in counters]}"] + [
+            f"    log {line}" for line in self.warnings[:10]
+        ]
+
+
+def run_worker(tmp_path: Path, records: list[bytes], want_events: int, *, backlog: bool) -> Outcome:
     timing: dict[str, float | bool] = {"finalize_grace_seconds": 2, "idle_timeout_seconds": 5}
     if not backlog:
         # produced while the worker runs, a run's spans can come after the input clock
@@ -87,7 +101,8 @@ def run_worker(
             worker.wait_ready()
             worker.produce(paced(records, seconds=4.0))
         worker.wait_taken(len(records), timeout=120)
-        return stream_outputs(worker, want_events)
+        events, summaries = stream_outputs(worker, want_events)
+        return Outcome(events, summaries, worker.wait_ready(), warnings(worker))
     finally:
         worker.cleanup()
 
@@ -117,11 +132,35 @@ def workdirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("shuffled")
 
 
-def check(oracle: Oracle, events: list[Any], summaries: list[Any]) -> None:
+def warnings(worker: WorkerProc) -> list[str]:
+    text = worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
+    return [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+
+
+def check(oracle: Oracle, events: list[Any], summaries: list[Any], diagnosis: list[str]) -> None:
+    """The replay's events and outcomes, and no span taken after a later one was released:
+    the input clock holds every release until all of a run's spans are in (the backlog:
+    until the input is drained; live: the lateness outlasts every run), so a late span is
+    a release the clock vouched for too early, even where it changed no event."""
     problems, differ = oracle.differences(events, summaries)
-    detail = [line for run_id in differ[:3] for line in oracle.describe(run_id, events, summaries)]
-    assert not problems, "\n".join(problems + detail)
-    assert event_facts(events) == event_facts(oracle.events)
+    facts, want = event_facts(events), event_facts(oracle.events)
+    differ += sorted(_runs_of(facts ^ want, events, oracle) - set(differ))
+    late = sorted({s["run_id"] for s in summaries if s.get("late_spans")})
+    detail = [
+        line
+        for run_id in dict.fromkeys([*differ[:3], *late[:3]])
+        for line in oracle.describe(run_id, events, summaries)
+    ]
+    assert not problems, "\n".join(problems + detail + diagnosis)
+    assert facts == want, "\n".join(
+        [f"events differ: {sorted(facts - want)} != {sorted(want - facts)}", *detail, *diagnosis]
+    )
+    assert not late, "\n".join([f"spans taken after a release in runs {late}", *detail, *diagnosis])
+
+
+def _runs_of(facts: set[tuple[Any, ...]], events: list[Any], oracle: Oracle) -> set[str]:
+    ids = {f[0] for f in facts}
+    return {e["run_id"] for e in [*events, *oracle.events] if e["event_id"] in ids}
 
 
 @pytest.mark.parametrize("backlog", [False, True], ids=["live", "backlog"])
@@ -131,8 +170,8 @@ def test_a_shuffled_unkeyed_delivery_gives_the_replays_events(
     assert len(oracle.summaries) == 66 and len(oracle.events) >= 45
     workdir = workdirs / ("backlog" if backlog else "live")
     workdir.mkdir()
-    events, summaries = run_worker(workdir, shuffled, len(oracle.events), backlog=backlog)
-    check(oracle, events, summaries)
+    out = run_worker(workdir, shuffled, len(oracle.events), backlog=backlog)
+    check(oracle, out.events, out.summaries, out.diagnosis())
 
 
 def test_two_workers_give_the_replays_events_and_vouch_for_each_others_partitions(
@@ -165,8 +204,13 @@ def test_two_workers_give_the_replays_events_and_vouch_for_each_others_partition
             time.sleep(0.5)
         first.produce(paced(shuffled, seconds=4.0))
         events, summaries = stream_outputs(first, len(oracle.events))
-        check(oracle, events, summaries)
         health = [w.wait_ready() for w in workers]
+        diagnosis = [
+            line
+            for w, h in zip(workers, health, strict=True)
+            for line in Outcome([], [], h, warnings(w)).diagnosis()
+        ]
+        check(oracle, events, summaries, diagnosis)
         assert all(h["marks_sent"] > 0 for h in health), health
         assert all(h["marks_read"] > 0 for h in health), health
     finally:
