@@ -36,7 +36,10 @@ class DeadlineClock:
         self.max_lag_seconds = max_lag_seconds
         self._make_probe = probe
         self._probe: Any = None
-        self.probe_ok_ns = time.time_ns()
+        # the probe's last answer, or when it was first asked: faust starts its timers only
+        # once table recovery is done, and a recovery longer than the staleness must not put
+        # the backlog that follows on the wall clock (None: not asked yet, the clock holds)
+        self.probe_ok_ns: int | None = None
         self._max_lag_warned_ns = 0
         self.on_advance: Callable[[], None] | None = None  # the timers' tick sender
 
@@ -45,7 +48,9 @@ class DeadlineClock:
         probe answers and by at most `max_lag_seconds` (a broker that cannot say, or a
         partition whose commits stopped, must not freeze every run forever)."""
         now = time.time_ns()
-        if self.input is None or now - self.probe_ok_ns > INPUT_PROBE_STALE_NS:
+        if self.input is None:
+            return now
+        if self.probe_ok_ns is not None and now - self.probe_ok_ns > INPUT_PROBE_STALE_NS:
             return now
         floor = now - int(self.max_lag_seconds * NS)
         if self.input.now_ns < floor:
@@ -88,9 +93,11 @@ class DeadlineClock:
         """Read the group's progress (in an executor) and advance the input clock."""
         if self.input is None:
             return
+        at = time.time_ns()
         if self._probe is None:
             self._probe = self._make_probe()
-        at = time.time_ns()
+        if self.probe_ok_ns is None:
+            self.probe_ok_ns = at  # the staleness counts from the first question
         offsets = await asyncio.get_running_loop().run_in_executor(None, self._probe.read)
         if offsets is not None:
             before = self.input.now_ns
