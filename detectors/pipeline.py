@@ -371,6 +371,7 @@ def _tool_started_after(state: RunState, when: int) -> bool:
 
 
 _BY_TIME = attrgetter("start_ns", "end_ns", "span_id")
+_END = attrgetter("end_ns")
 _BY_KEY = itemgetter(0)
 
 
@@ -406,8 +407,14 @@ def _release(
     force_one: bool = False,
     force_all: bool = False,
 ) -> list[Finding]:
-    keyed = _ordered(state)
     event_time = state.max_end_ns if watermark_ns is None else watermark_ns
+    # Unforced, a step releases only once the event time is past its end: an arrival on
+    # unkeyed input usually waits for the input clock (watermark 0), so skip the sort.
+    if not state.pending or (
+        not (force_all or force_one) and event_time < min(map(_END, state.pending))
+    ):
+        return []
+    keyed = _ordered(state)
     horizon = event_time - int(policy.allowed_lateness_seconds * 1e9)
     contiguous = _contiguous_upto(state, keyed) if policy.release_on_sequence else None
     ctx = Context(policy, state)
