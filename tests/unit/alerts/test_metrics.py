@@ -374,3 +374,35 @@ def test_default_registry_is_private_and_exposes_process_metrics() -> None:
     assert "loopwatch_loop_events_total{" in text
     assert "process_" in text or "python_info" in text
     assert b.registry.get_sample_value("loopwatch_loop_events_total", _labels()) is None
+
+
+def test_version_runs_count_every_run_and_every_fold_of_a_capped_label() -> None:
+    """observe_version_run keeps the series of admitted slices at hand; a value folded into
+    `other` still counts its fold on every run, and an admitted slice is never folded later."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, label_cap=2)
+    admitted = ["prompt", "support-bot", "router", None, "support-v14"]
+    for looping in (True, False, False):
+        metrics.observe_version_run(admitted, looping)
+    metrics.observe_version_run(["prompt", "billing-bot", "router", None, "v2"], False)  # 2nd
+    for _ in range(2):  # a third service and a third version: both folded, each time
+        metrics.observe_version_run(["prompt", "search-bot", "router", None, "v3"], True)
+    metrics.observe_version_run(admitted, False)
+    get = registry.get_sample_value
+
+    def labels(service: str, version: str) -> dict[str, str]:
+        return {
+            "kind": "prompt",
+            "service_name": service,
+            "agent_name": "router",
+            "tool_name": "unknown",
+            "version": version,
+        }
+
+    assert get("loopwatch_version_runs_total", labels("support-bot", "support-v14")) == 4.0
+    assert get("loopwatch_version_looping_runs_total", labels("support-bot", "support-v14")) == 1.0
+    assert get("loopwatch_version_runs_total", labels("billing-bot", "v2")) == 1.0
+    assert get("loopwatch_version_runs_total", labels("other", "other")) == 2.0
+    assert get("loopwatch_version_looping_runs_total", labels("other", "other")) == 2.0
+    assert get("loopwatch_label_overflow_total", {"label": "service_name"}) == 2.0
+    assert get("loopwatch_label_overflow_total", {"label": "prompt_version"}) == 2.0
