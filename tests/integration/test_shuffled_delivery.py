@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,22 +62,21 @@ def event_facts(events: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
     return {tuple(e[k] for k in _EVENT) for e in events}
 
 
-@dataclass
-class Outcome:
-    events: list[Any]
-    summaries: list[Any]
-    health: dict[str, Any]  # the worker's /healthz once the outputs were read
-    warnings: list[str]  # its log's warnings
-
-    def diagnosis(self) -> list[str]:
-        """What tells a premature release's causes apart, for a failure message."""
-        counters = ("refetched_records", "records_read_before_rebalance", "publish_retries")
-        return [f"    worker {[(k, self.health.get(k)) for k in counters]}"] + [
-            f"    log {line}" for line in self.warnings[:10]
-        ]
+def diagnosis(worker: WorkerProc) -> list[str]:
+    """What tells a premature release's causes apart, for a failure message: the worker's
+    counts of records it read again or left to be redone, and its log's warnings."""
+    health = worker.wait_ready()
+    counters = ("refetched_records", "records_read_before_rebalance", "publish_retries")
+    text = worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
+    warned = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+    return [f"    worker {[(k, health.get(k)) for k in counters]}"] + [
+        f"    log {line}" for line in warned[:10]
+    ]
 
 
-def run_worker(tmp_path: Path, records: list[bytes], want_events: int, *, backlog: bool) -> Outcome:
+def run_worker(
+    tmp_path: Path, records: list[bytes], want_events: int, *, backlog: bool
+) -> tuple[list[Any], list[Any], list[str]]:
     timing: dict[str, float | bool] = {"finalize_grace_seconds": 2, "idle_timeout_seconds": 5}
     if not backlog:
         # produced while the worker runs, a run's spans can come after the input clock
@@ -102,7 +100,7 @@ def run_worker(tmp_path: Path, records: list[bytes], want_events: int, *, backlo
             worker.produce(paced(records, seconds=4.0))
         worker.wait_taken(len(records), timeout=120)
         events, summaries = stream_outputs(worker, want_events)
-        return Outcome(events, summaries, worker.wait_ready(), warnings(worker))
+        return events, summaries, diagnosis(worker)
     finally:
         worker.cleanup()
 
@@ -132,12 +130,7 @@ def workdirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("shuffled")
 
 
-def warnings(worker: WorkerProc) -> list[str]:
-    text = worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
-    return [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
-
-
-def check(oracle: Oracle, events: list[Any], summaries: list[Any], diagnosis: list[str]) -> None:
+def check(oracle: Oracle, events: list[Any], summaries: list[Any], why: list[str]) -> None:
     """The replay's events and outcomes, and no span taken after a later one was released:
     the input clock holds every release until all of a run's spans are in (the backlog:
     until the input is drained; live: the lateness outlasts every run), so a late span is
@@ -151,11 +144,11 @@ def check(oracle: Oracle, events: list[Any], summaries: list[Any], diagnosis: li
         for run_id in dict.fromkeys([*differ[:3], *late[:3]])
         for line in oracle.describe(run_id, events, summaries)
     ]
-    assert not problems, "\n".join(problems + detail + diagnosis)
+    assert not problems, "\n".join(problems + detail + why)
     assert facts == want, "\n".join(
-        [f"events differ: {sorted(facts - want)} != {sorted(want - facts)}", *detail, *diagnosis]
+        [f"events differ: {sorted(facts - want)} != {sorted(want - facts)}", *detail, *why]
     )
-    assert not late, "\n".join([f"spans taken after a release in runs {late}", *detail, *diagnosis])
+    assert not late, "\n".join([f"spans taken after a release in runs {late}", *detail, *why])
 
 
 def _runs_of(facts: set[tuple[Any, ...]], events: list[Any], oracle: Oracle) -> set[str]:
@@ -170,8 +163,7 @@ def test_a_shuffled_unkeyed_delivery_gives_the_replays_events(
     assert len(oracle.summaries) == 66 and len(oracle.events) >= 45
     workdir = workdirs / ("backlog" if backlog else "live")
     workdir.mkdir()
-    out = run_worker(workdir, shuffled, len(oracle.events), backlog=backlog)
-    check(oracle, out.events, out.summaries, out.diagnosis())
+    check(oracle, *run_worker(workdir, shuffled, len(oracle.events), backlog=backlog))
 
 
 def test_two_workers_give_the_replays_events_and_vouch_for_each_others_partitions(
@@ -204,13 +196,8 @@ def test_two_workers_give_the_replays_events_and_vouch_for_each_others_partition
             time.sleep(0.5)
         first.produce(paced(shuffled, seconds=4.0))
         events, summaries = stream_outputs(first, len(oracle.events))
+        check(oracle, events, summaries, [line for w in workers for line in diagnosis(w)])
         health = [w.wait_ready() for w in workers]
-        diagnosis = [
-            line
-            for w, h in zip(workers, health, strict=True)
-            for line in Outcome([], [], h, warnings(w)).diagnosis()
-        ]
-        check(oracle, events, summaries, diagnosis)
         assert all(h["marks_sent"] > 0 for h in health), health
         assert all(h["marks_read"] > 0 for h in health), health
     finally:
