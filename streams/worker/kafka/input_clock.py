@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Mapping
 
@@ -36,6 +37,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 log = logging.getLogger(__name__)
 
 MAX_SNAPSHOTS = 3600  # one per tick: an hour of backlog at 1 s ticks
+# ListOffsets' timestamps for a partition's end and start (the Kafka protocol's -1 and -2)
+LATEST, EARLIEST = -1, -2
 
 
 class InputClock:
@@ -118,14 +121,34 @@ class KafkaInputProbe:
     an AdminClient: librdkafka's admin coordinator requests crash the process (SIGSEGV)
     when the connection drops mid-request, which a broker restart made happen here
     (librdkafka PR #5397). After an error the consumer is closed, on this thread, and
-    rebuilt: after a broker restart an old client kept timing out."""
+    rebuilt: after a broker restart an old client kept timing out.
 
-    def __init__(self, bootstrap: str, group: str, topic: str, timeout: float = 5.0) -> None:
+    A read is two requests whatever the partition count: the end offsets of every
+    partition in one ListOffsets (`offsets_for_times` with the protocol's "latest"
+    timestamp, one request per leader) and the committed ones in one OffsetFetch; a
+    partition the group never committed adds its log start (one more ListOffsets). It was
+    one request per partition plus the topic's metadata, ten times a second: 34 round
+    trips a read at 32 partitions. The partition list is read again every
+    `metadata_seconds` and after an error (a partition added since waits that long to be
+    held for)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        topic: str,
+        timeout: float = 5.0,
+        metadata_seconds: float = 10.0,
+    ) -> None:
         self.topic = topic
         self.bootstrap = bootstrap
         self.group = group
         self.timeout = timeout
+        self.metadata_seconds = metadata_seconds
         self._consumer: Consumer | None = None
+        self._partitions: list[int] = []
+        self._partitions_at = 0.0  # monotonic time of the last metadata read
+        self.requests = 0  # broker requests sent (tests: a read's cost)
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -137,30 +160,56 @@ class KafkaInputProbe:
                     "log_level": 0,
                 }
             )
+            self._partitions = []
         return self._consumer
 
+    def _partition_list(self, consumer: Consumer) -> list[int]:
+        now = time.monotonic()
+        if self._partitions and now - self._partitions_at < self.metadata_seconds:
+            return self._partitions
+        self.requests += 1
+        md = consumer.list_topics(self.topic, timeout=self.timeout)
+        topic = md.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise KafkaException(topic.error if topic is not None else "topic not found")
+        self._partitions, self._partitions_at = sorted(topic.partitions), now
+        return self._partitions
+
+    def _log_offsets(self, consumer: Consumer, partitions: list[int], which: int) -> dict[int, int]:
+        """The end (`which` LATEST) or start (EARLIEST) offset of each partition."""
+        self.requests += 1
+        asked = [TopicPartition(self.topic, p, which) for p in partitions]
+        out: dict[int, int] = {}
+        for tp in consumer.offsets_for_times(asked, timeout=self.timeout):
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            if tp.offset < 0:
+                raise KafkaException(f"no offset for {self.topic}/{tp.partition}")
+            out[tp.partition] = tp.offset
+        if len(out) != len(partitions):
+            raise KafkaException(f"offsets of {len(out)} of {len(partitions)} partitions")
+        return out
+
     def read(self) -> tuple[dict[int, int], dict[int, int]] | None:
-        """(end offsets, committed offsets) by partition; None when the broker cannot say."""
+        """(end offsets, committed offsets) by partition; None when the broker cannot say.
+        The ends are read first: committed offsets read after them can only be later."""
         try:
             consumer = self._client()
-            md = consumer.list_topics(self.topic, timeout=self.timeout)
-            topic = md.topics.get(self.topic)
-            if topic is None or topic.error is not None:
-                raise KafkaException(topic.error if topic is not None else "topic not found")
-            ends: dict[int, int] = {}
-            starts: dict[int, int] = {}
-            for p in sorted(topic.partitions):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=self.timeout
-                )
-                starts[p], ends[p] = low, high
+            partitions = self._partition_list(consumer)
+            ends = self._log_offsets(consumer, partitions, LATEST)
+            self.requests += 1
             committed: dict[int, int] = {}
-            tps = [TopicPartition(self.topic, p) for p in ends]
-            for tp in consumer.committed(tps, timeout=self.timeout):
+            never: list[int] = []
+            asked = [TopicPartition(self.topic, p) for p in partitions]
+            for tp in consumer.committed(asked, timeout=self.timeout):
                 if tp.error is not None:
                     raise KafkaException(tp.error)
-                # No commit yet: the group starts from the earliest record (reset policy).
-                committed[tp.partition] = tp.offset if tp.offset >= 0 else starts[tp.partition]
+                if tp.offset >= 0:
+                    committed[tp.partition] = tp.offset
+                else:
+                    never.append(tp.partition)
+            if never:  # no commit yet: the group starts from the earliest record
+                committed.update(self._log_offsets(consumer, never, EARLIEST))
             return ends, committed
         except (KafkaException, RuntimeError) as exc:
             log.warning(
