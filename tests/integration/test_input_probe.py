@@ -48,11 +48,17 @@ def commit(group: str, topic: str, offsets: dict[int, int]) -> None:
         consumer.close()
 
 
-def test_the_probe_reads_every_end_and_the_groups_progress_in_a_fixed_number_of_requests() -> None:
+def fresh_input(records: dict[int, int]) -> tuple[str, str]:
+    """A new input topic with these records per partition, and a new group's id."""
     require_broker()
     topic, group = unique_topic("lw-probe"), f"lw-probe-{uuid.uuid4().hex[:8]}"
-    create_topics([topic], 6)
-    produce(topic, {p: 3 * p + 1 for p in range(6)})
+    create_topics([topic], len(records))
+    produce(topic, records)
+    return topic, group
+
+
+def test_the_probe_reads_every_end_and_the_groups_progress_in_a_fixed_number_of_requests() -> None:
+    topic, group = fresh_input({p: 3 * p + 1 for p in range(6)})
     # a head deleted by retention: the group, which never committed there, starts after it
     admin = admin_client()  # (kept: its futures fail once it is collected)
     for future in admin.delete_records([TopicPartition(topic, 5, 4)]).values():
@@ -79,10 +85,7 @@ def test_the_probe_reads_every_end_and_the_groups_progress_in_a_fixed_number_of_
 
 
 def test_a_partition_added_to_the_input_is_read_after_the_metadata_interval() -> None:
-    require_broker()
-    topic, group = unique_topic("lw-probe"), f"lw-probe-{uuid.uuid4().hex[:8]}"
-    create_topics([topic], 2)
-    produce(topic, {0: 2, 1: 3})
+    topic, group = fresh_input({0: 2, 1: 3})
     probe = KafkaInputProbe(bootstrap(), group, topic, metadata_seconds=1.0)
     try:
         assert probe.read() == ({0: 2, 1: 3}, {0: 0, 1: 0})
