@@ -157,6 +157,10 @@ class KafkaInputProbe:
                     "bootstrap.servers": self.bootstrap,
                     "group.id": self.group,
                     "enable.auto.commit": False,
+                    # ends are high watermarks, as get_watermark_offsets gave: under
+                    # read_committed (librdkafka's default) ListOffsets answers the last
+                    # stable offset, short of the records of an open transaction
+                    "isolation.level": "read_uncommitted",
                     "log_level": 0,
                 }
             )
