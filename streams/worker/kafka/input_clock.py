@@ -157,9 +157,10 @@ class KafkaInputProbe:
                     "bootstrap.servers": self.bootstrap,
                     "group.id": self.group,
                     "enable.auto.commit": False,
-                    # ends are high watermarks, as get_watermark_offsets gave: under
-                    # read_committed (librdkafka's default) ListOffsets answers the last
-                    # stable offset, short of the records of an open transaction
+                    # ends are high watermarks: faust's consumer (at least once) reads
+                    # uncommitted records. Under read_committed, librdkafka's default, the
+                    # answer is the last stable offset (get_watermark_offsets' too, which
+                    # this probe used before), short of an open transaction's records
                     "isolation.level": "read_uncommitted",
                     "log_level": 0,
                 }
