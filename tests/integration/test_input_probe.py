@@ -15,6 +15,7 @@ from confluent_kafka.admin import NewPartitions  # type: ignore[attr-defined]
 
 from streams.worker.kafka.input_clock import KafkaInputProbe
 from tests.support.kafka import admin_client, bootstrap, create_topics, require_broker, unique_topic
+from tests.support.worker_proc import reader
 
 pytestmark = pytest.mark.kafka
 
@@ -47,7 +48,7 @@ def watermarks(topic: str, partitions: range) -> dict[int, tuple[int, int]]:
 
 def commit(group: str, topic: str, offsets: dict[int, int]) -> None:
     """Commit as the group would, without joining it."""
-    consumer = Consumer({"bootstrap.servers": bootstrap(), "group.id": group})
+    consumer = reader(group)
     try:
         tps = [TopicPartition(topic, p, o) for p, o in offsets.items()]
         consumer.commit(offsets=tps, asynchronous=False)

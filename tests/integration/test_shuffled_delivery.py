@@ -62,10 +62,10 @@ def event_facts(events: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
     return {tuple(e[k] for k in _EVENT) for e in events}
 
 
-def diagnosis(worker: WorkerProc) -> list[str]:
+def diagnosis(worker: WorkerProc, health: dict[str, Any]) -> list[str]:
     """What tells a premature release's causes apart, for a failure message: the worker's
-    counts of records it read again or left to be redone, and its log's warnings."""
-    health = worker.wait_ready()
+    counts of records it read again or left to be redone (its /healthz answer `health`),
+    and its log's warnings."""
     counters = ("refetched_records", "records_read_before_rebalance", "publish_retries")
     text = worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
     warned = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
@@ -100,7 +100,7 @@ def run_worker(
             worker.produce(paced(records, seconds=4.0))
         worker.wait_taken(len(records), timeout=120)
         events, summaries = stream_outputs(worker, want_events)
-        return events, summaries, diagnosis(worker)
+        return events, summaries, diagnosis(worker, worker.wait_ready())
     finally:
         worker.cleanup()
 
@@ -196,8 +196,9 @@ def test_two_workers_give_the_replays_events_and_vouch_for_each_others_partition
             time.sleep(0.5)
         first.produce(paced(shuffled, seconds=4.0))
         events, summaries = stream_outputs(first, len(oracle.events))
-        check(oracle, events, summaries, [line for w in workers for line in diagnosis(w)])
         health = [w.wait_ready() for w in workers]
+        why = [line for w, h in zip(workers, health, strict=True) for line in diagnosis(w, h)]
+        check(oracle, events, summaries, why)
         assert all(h["marks_sent"] > 0 for h in health), health
         assert all(h["marks_read"] > 0 for h in health), health
     finally:

@@ -6,8 +6,6 @@ after it on the wall clock, so every arrival of it was vouched for at once."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from detectors.model import NS
@@ -68,7 +66,7 @@ async def test_an_answering_probe_holds_deadlines_to_the_groups_progress(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeTime(monkeypatch)
-    probe: Any = Probe(({0: 10, 1: 5}, {0: 0, 1: 0}))  # a backlog the group has not read
+    probe = Probe(({0: 10, 1: 5}, {0: 0, 1: 0}))  # a backlog the group has not read
     deadlines = clock(probe)
     fake.pass_seconds(120)
     await deadlines.advance()
