@@ -89,14 +89,19 @@ class DeadlineIndex:
     def pop_due(self, partition: int, now_ns: int, limit: int | None = None) -> list[str]:
         """Run ids of `partition` whose deadline passed, the earliest `limit` of them
         (removed from the heap, kept in `entries`: the caller finalizes, reschedules or
-        removes each one)."""
+        removes each one). A run is in the heap once per `set`, so twice at the same time
+        when a reschedule kept its time (a second arrival keeps the first one's release):
+        it is returned once."""
         out: list[str] = []
+        taken: set[str] = set()
         while limit is None or len(out) < limit:
             top = self._top(partition)
             if top is None or top[0] > now_ns:
                 return out
             heapq.heappop(self._heaps[partition])
-            out.append(top[1])
+            if top[1] not in taken:
+                taken.add(top[1])
+                out.append(top[1])
         return out
 
     def mark_evictions(self, max_active: int, now_ns: int) -> int:

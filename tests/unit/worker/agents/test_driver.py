@@ -246,6 +246,44 @@ def test_a_runs_last_message_is_released_once_the_input_clock_passes_its_arrival
     assert decode_envelope(worker.runs[run.trace_id.encode()])[1].pending == []
 
 
+def test_a_tick_handles_a_run_of_two_arrivals_once() -> None:
+    """Unkeyed input: a run's second message keeps the first one's release time (its
+    candidate is the older one). Each tick loads, releases and saves the run once, however
+    often it was scheduled for that time (it was twice per tick: a load, a release of
+    nothing and a save more for a third of the bench's runs)."""
+    policy = stream_policy(allowed_lateness_seconds=5, idle_timeout_seconds=600)
+    run = Run(trace=24, sequenced=True)
+    for i in range(6):
+        run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "ok", "version": i})
+    worker = FakeWorker(policy)
+    saves: list[int] = []  # the clock of each save made by a tick
+    ticking: list[int] = []
+    tick, save = worker.driver.tick, worker.driver.store.save
+
+    def ticked(partition: int, now_ns: int) -> Any:
+        ticking.append(now_ns)
+        try:
+            return tick(partition, now_ns)
+        finally:
+            ticking.pop()
+
+    def saved(run_id: str, env: Envelope, state: Any) -> None:
+        saves.extend(ticking)
+        save(run_id, env, state)
+
+    worker.driver.tick = ticked  # type: ignore[method-assign]
+    worker.driver.store.save = saved  # type: ignore[method-assign]
+    worker.clock = worker.now - NS
+    worker.feed(encode_request(run.spans[:3]))
+    worker.advance(0.1, clock_lag=1)
+    worker.clock = worker.now - NS
+    worker.feed(encode_request(run.spans[3:]))
+    for _ in range(8):
+        worker.advance(0.25, clock_lag=1)
+    assert decode_envelope(worker.runs[run.trace_id.encode()])[1].position == len(run.spans)
+    assert saves and len(saves) == len(set(saves)), saves
+
+
 def test_each_arrival_of_a_busy_run_is_released_one_clock_lag_after_it() -> None:
     """Unkeyed input, a sequenced run whose messages come every 0.2 s while the input clock
     trails by 1 s and ticks come every 0.05 s: each message's steps are released by the
@@ -522,6 +560,20 @@ def test_deadline_index() -> None:
     assert index.mark_evictions(1, 0) == 0  # already marked
     index.remove("b")
     assert len(index) == 1 and index.evicting == 0
+
+
+def test_a_run_scheduled_twice_at_the_same_time_is_due_once() -> None:
+    """A second arrival keeps the first one's release time (its candidate is the oldest):
+    the run is in the heap twice at that time, and the tick handled it twice (a load, a
+    release that released nothing, a save), then scheduled it twice again."""
+    index = DeadlineIndex()
+    index.set("a", Deadline(0, 10, 40, 100))
+    index.set("a", Deadline(0, 20, 40, 100))  # same due
+    index.set("b", Deadline(0, 30, 50, 100))
+    assert index.pop_due(0, 60) == ["a", "b"]
+    index.set("a", Deadline(0, 20, None, 100))
+    assert index.pop_due(0, 60) == []
+    assert index.pop_due(0, 100) == ["a"]
 
 
 def test_wire_formats_round_trip() -> None:
