@@ -14,6 +14,7 @@ mod ids;
 mod json;
 mod normalize;
 mod packing;
+mod partition;
 mod pyval;
 mod wire;
 
@@ -32,7 +33,7 @@ use wire::{Kv, Val};
 
 /// Bumped when the Python-facing signature or behaviour changes; `streams/spanpath/native.py` refuses
 /// an extension built from another version (a stale build) and falls back to Python.
-const API: u32 = 11;
+const API: u32 = 12;
 
 const STRINDEX: &str = "value uses string_value_strindex (dictionary references are profiles-only)";
 
@@ -291,6 +292,7 @@ fn loopwatch_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_json, m)?)?;
     m.add_function(wrap_pyfunction!(json_enums, m)?)?;
     m.add_function(wrap_pyfunction!(schema, m)?)?;
+    m.add_function(wrap_pyfunction!(partition::murmur2, m)?)?;
     m.add_class::<digest::Digests>()?;
     m.add_class::<normalize::SpanPath>()?;
     m.add_class::<packing::StateWriter>()?;

@@ -13,7 +13,7 @@ import sys
 from types import ModuleType
 from typing import Final, TextIO
 
-API: Final = 11  # loopwatch_native.API this code was written against
+API: Final = 12  # loopwatch_native.API this code was written against
 
 _OFF: Final = ("0", "off", "false", "no", "python")
 

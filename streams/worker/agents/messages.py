@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import marshal
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from detectors.model import STEP_FIELDS, Step, step_values
 
@@ -194,12 +194,27 @@ def split_to_fit(
     )
 
 
+def _murmur2() -> Callable[[bytes], int]:
+    """loopwatch_native's murmur2 when the native path is active (the same hash: 0.16 µs
+    for a 32-byte run id against 11.7 in Python, and ingest hashes every run of every
+    export request), else aiokafka's."""
+    from streams.spanpath import native
+
+    found = getattr(native.EXT, "murmur2", None)
+    if found is not None:
+        return cast(Callable[[bytes], int], found)
+    from aiokafka.partitioner import murmur2
+
+    return cast(Callable[[bytes], int], murmur2)
+
+
+murmur2 = _murmur2()
+
+
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition the Kafka Java client / aiokafka default partitioner (and so faust's
     table router) gives `key`: murmur2, positive, modulo the partition count."""
-    from aiokafka.partitioner import murmur2
-
-    return int(murmur2(key) & 0x7FFFFFFF) % partitions
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def to_json(value: Any) -> bytes:
