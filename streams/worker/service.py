@@ -93,6 +93,7 @@ def run_driver(s: WorkerSettings, policy: Policy, tables: Tables) -> RunDriver:
         max_active_runs=s.max_active_runs,
         tick_seconds=s.tick_seconds,
         cache_size=s.state_cache_size,
+        arrival_hold_seconds=s.arrival_hold_ms / 1000,
         links=s.trace_links,
         retention=s.retention,
     )
@@ -383,6 +384,9 @@ class Worker:
             "broker": self.broker.snapshot(),
             "consumer_lag_max": self.timers.max_lag,
             "active_runs": len(self.driver.index),
+            # unkeyed arrivals waiting for the input clock (streams/worker/agents/arrivals.py)
+            "held_arrivals": len(self.driver.arrivals),
+            "held_steps": self.driver.arrivals.steps,
             "finished_markers": self.tables.count(self.tables.finished),
             "assigned_partitions": sorted(self.assigned()) if self.ready else [],
             **self.counters,

@@ -81,6 +81,12 @@ variable                                  default                     meaning
                                                                       memory (write-through; a
                                                                       run whose root ended with
                                                                       nothing waiting is not kept)
+``LOOPWATCH_ARRIVAL_HOLD_MS``             ``2000``                    unkeyed input: a run's
+                                                                      arrivals wait in memory for
+                                                                      the input clock at most this
+                                                                      long, then in its state (one
+                                                                      state write instead of two);
+                                                                      ``0``: in its state at once
 ``LOOPWATCH_LINGER_MS``                   ``10``                      producer linger (batching)
 ``LOOPWATCH_PRODUCER_BATCH_KB``           ``256``                     producer record batch size
                                                                       per partition (faust's
@@ -230,6 +236,7 @@ class WorkerSettings:
     batch_within_ms: int = 50
     state_flush_ms: int = 1000
     state_cache_size: int = 10_000
+    arrival_hold_ms: int = 2000
     linger_ms: int = 10
     producer_batch_kb: int = 256
     fetch_partition_mb: int = 16
@@ -355,6 +362,9 @@ class WorkerSettings:
             ),
             "state_cache_size": reader.integer(
                 "LOOPWATCH_STATE_CACHE", d.state_cache_size, 0, 10_000_000
+            ),
+            "arrival_hold_ms": reader.integer(
+                "LOOPWATCH_ARRIVAL_HOLD_MS", d.arrival_hold_ms, 0, 60_000
             ),
             "linger_ms": reader.integer("LOOPWATCH_LINGER_MS", d.linger_ms, 0, 1000),
             "producer_batch_kb": reader.integer(

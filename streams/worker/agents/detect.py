@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from detectors.model import Step
+from streams.worker.agents.arrivals import Arrival
 from streams.worker.agents.checkpoint import Checkpoint, StateWriteError
 from streams.worker.agents.counting import Counting
 from streams.worker.agents.driver import Outputs
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
+Held = list[tuple[int, str, Any, list[Step], int]]  # (partition, run id, event, steps, clock)
 
 
 class Detect:
@@ -79,6 +82,15 @@ class Detect:
         self.on_state_error = on_state_error  # the worker stops (exit status 3)
         self.lock = asyncio.Lock()  # a batch and a flush never interleave
         self.stream: Any = None
+        # events with arrivals held for the input clock (streams/worker/agents/arrivals.py):
+        # id -> [event, arrivals not yet applied]. Acknowledged once all are, by the flush
+        # after the batch that applied the last one, and never before an event read ahead
+        # of it on its partition: faust commits past one unacknowledged record followed by
+        # acknowledged ones (`Consumer._new_offset` allows a gap of one at the head), so
+        # events wait in read order (`unstaged`) behind one that is held
+        self.holding: dict[int, list[Any]] = {}
+        self.unstaged: dict[Any, deque[Any]] = {}  # message.tp -> events, in read order
+        self.held_generation = -1
 
     async def run(self, stream: Any, batch_max: int, within_seconds: float) -> None:
         """The agent. take_events acks the batch in a `finally`, also when the batch is
@@ -147,9 +159,15 @@ class Detect:
         generation = self.publisher.generation
         checkpoint = self.checkpoint
         checkpoint.drop_if_stale()  # staged before a rebalance: nothing to acknowledge
+        if self.held_generation != generation:  # held before it: never acknowledged
+            self.driver.arrivals.clear()
+            self.holding.clear()
+            self.unstaged.clear()
+            self.held_generation = generation
         events = self.read_in_assignment(events)
         groups: Groups = {}
         ticks: dict[int, tuple[Any, int | None]] = {}
+        held: Held = []
         dead: list[Sent] = []  # dead letters: delivered before the batch acks
         refetched: list[Any] = []  # acknowledged with the batch, once it is done
         for event in events:
@@ -161,11 +179,12 @@ class Detect:
             refetched += read_back
             for record in [*(e.message for e in read_back), message]:
                 try:
-                    await self._collect(record, event, record is message, groups, ticks, dead)
+                    streamed = record is message
+                    await self._collect(record, event, streamed, groups, ticks, held, dead)
                 except Exception as exc:
                     dead.append(await self.dead_letters.internal_error(record, exc, "detect"))
         partition_event: dict[int, Any] = {}
-        outputs = await self._detect(groups, ticks, partition_event, dead)
+        outputs, released = await self._detect(groups, held, ticks, partition_event, dead)
         # outputs, acknowledged by the broker before the state that fired them
         try:
             await publish(self.publisher, self.events_topic, self.runs_topic, outputs)
@@ -176,10 +195,26 @@ class Detect:
         except BaseException:
             checkpoint.drop()
             raise
-        checkpoint.stage(events, refetched, partition_event, generation)
-        if groups:
+        checkpoint.stage(self.in_order(events), refetched, partition_event, generation)
+        if groups or released:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
+
+    def in_order(self, events: list[Any]) -> list[Any]:
+        """The events to acknowledge with this batch: of every partition, in read order,
+        those up to the first one whose arrivals are still held (this batch's `events`
+        join the events waiting behind earlier ones)."""
+        unstaged, holding = self.unstaged, self.holding
+        for event in events:
+            unstaged.setdefault(event.message.tp, deque()).append(event)
+        ready = []
+        for tp in list(unstaged):
+            waiting = unstaged[tp]
+            while waiting and id(waiting[0]) not in holding:
+                ready.append(waiting.popleft())
+            if not waiting:
+                del unstaged[tp]
+        return ready
 
     def read_in_assignment(self, events: list[Any]) -> list[Any]:
         """`events` without those read before a rebalance began (taken into a batch before
@@ -201,11 +236,14 @@ class Detect:
         streamed: bool,
         groups: Groups,
         ticks: dict[int, tuple[Any, int | None]],
+        held: Held,
         dead: list[Sent],
     ) -> None:
         """Add one record's steps to `groups` (keyed input: decoded here; steps topic: as
-        ingest grouped them) or its tick to `ticks`. `streamed` is False for a record read
-        back after a skip: a missed tick is not replayed, the next one does its work."""
+        ingest grouped them), to `held` (sent at an input clock: applied once the clock
+        passes their arrival) or its tick to `ticks`. `streamed` is False for a record read
+        back after a skip: a missed tick is not replayed, the next one does its work, and
+        its steps are applied at once."""
         if record.topic == self.keyed_input_topic:
             decoded = await self.reader.decode(record, dead)
             if decoded is None:
@@ -228,22 +266,74 @@ class Detect:
                 ticks[record.partition] = (event, tick_clock(value))
             return
         clock = sent_clock(record)
+        p = record.partition
         if record.key is None:  # partition-grouped: several runs
-            for run_id, steps in decode_run_groups(value):
-                groups.setdefault((record.partition, run_id), []).append((event, steps, clock))
+            parts = decode_run_groups(value)
+        else:
+            parts = [(key_text(record.key), decode_steps(value))]
+        if clock is not None and streamed and self.driver.arrivals.hold_ns > 0:
+            held += [(p, run_id, event, steps, clock) for run_id, steps in parts]
             return
-        groups.setdefault((record.partition, key_text(record.key)), []).append(
-            (event, decode_steps(value), clock)
-        )
+        for run_id, steps in parts:
+            groups.setdefault((p, run_id), []).append((event, steps, clock))
+
+    async def _hold_and_apply(
+        self,
+        held: Held,
+        ticks: dict[int, tuple[Any, int | None]],
+        outputs: list[tuple[int, Outputs]],
+        partition_event: dict[int, Any],
+        dead: list[Sent],
+    ) -> list[Any]:
+        """Hold this batch's arrivals, then apply every held one the input clocks read in
+        it (its messages' and ticks') have passed, or that were held too long. Returns the
+        events whose last held arrival was applied (to acknowledge with this batch)."""
+        arrivals, holding = self.driver.arrivals, self.holding
+        now_ns = time.time_ns()
+        now = now_ns / 1e9
+        for partition, run_id, event, steps, clock in held:
+            arrivals.saw(partition, clock)
+            arrivals.hold(partition, Arrival(now_ns, run_id, steps, clock, event))
+            entry = holding.setdefault(id(event), [event, 0])
+            entry[1] += 1
+            if ts := event.message.timestamp:  # read now (the wait for the clock is not in it)
+                self.metrics.processing_latency.observe(max(0.0, now - ts))
+        tick_clocks = {}
+        for partition, (_event, sent_at) in ticks.items():
+            tick_clocks[partition] = self.clock.now_ns() if sent_at is None else sent_at
+            arrivals.saw(partition, tick_clocks[partition])
+        released: list[Any] = []
+        for partition in list(arrivals.queues):
+            tick_ns = tick_clocks.get(partition)
+            for applied, result in self.driver.apply_arrivals(partition, now_ns, tick_ns):
+                if isinstance(result, Exception):
+                    what = f"detect (run {applied[0].run_id})"
+                    for a in applied:
+                        message = a.token.message
+                        dead.append(await self.dead_letters.internal_error(message, result, what))
+                else:
+                    outputs.append((partition, result))
+                    self.counters["run_parts"] += len(applied)
+                for a in applied:
+                    partition_event[partition] = a.token
+                    entry = holding[id(a.token)]
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del holding[id(a.token)]
+                        released.append(a.token)
+        return released
 
     async def _detect(
         self,
         groups: Groups,
+        held: Held,
         ticks: dict[int, tuple[Any, int | None]],
         partition_event: dict[int, Any],
         dead: list[Sent],
-    ) -> list[tuple[int, Outputs]]:
-        """Detection (pure; the table writes stay pending in the driver)."""
+    ) -> tuple[list[tuple[int, Outputs]], list[Any]]:
+        """Detection (pure; the table writes stay pending in the driver): the steps applied
+        at once, then the held arrivals the batch's clocks let go, then the ticks. Returns
+        the outputs and the events whose last held arrival was applied."""
         outputs: list[tuple[int, Outputs]] = []
         for (partition, run_id), items in groups.items():
             try:
@@ -262,6 +352,7 @@ class Detect:
                 ts = ev.message.timestamp
                 if ts:
                     self.metrics.processing_latency.observe(max(0.0, now - ts))
+        released = await self._hold_and_apply(held, ticks, outputs, partition_event, dead)
         for partition, (event, sent_at) in ticks.items():
             self.on_tick(partition)
             if event.message.timestamp:
@@ -280,4 +371,4 @@ class Detect:
         for _partition, out in outputs:
             for arrival_ns in out.vouched_arrivals:
                 self.stage_seconds("input_clock", now - arrival_ns / 1e9)
-        return outputs
+        return outputs, released

@@ -23,6 +23,7 @@ from detectors.policy import Policy
 from detectors.state import RunState
 from streams.runloop.deadlines import DeadlineIndex
 from streams.runloop.loop import Envelope, RunLoop
+from streams.worker.agents.arrivals import Arrival, Arrivals
 from streams.worker.agents.messages import key_text
 from streams.worker.state import episodes as episode_records
 from streams.worker.state import retained as retained_records
@@ -45,6 +46,11 @@ SWEEP_BATCH = 5_000
 # outputs, states and changelog records of this many at once, not of the whole burst: the
 # worker's memory after its largest batch (docs/PERFORMANCE.md "Worker memory by holder").
 TICK_MAX_RUNS = 1_000
+# Unkeyed arrivals wait in memory for the input clock at most this long (by the wall clock;
+# LOOPWATCH_ARRIVAL_HOLD_MS), and at most this many steps in all; past either they wait for
+# it in the run's state, as they did before (streams/worker/agents/arrivals.py).
+ARRIVAL_HOLD_SECONDS = 2.0
+ARRIVAL_MAX_STEPS = 50_000
 
 __all__ = ["Outputs", "RunDriver"]
 
@@ -99,6 +105,7 @@ class RunDriver:
         max_active_runs: int = 200_000,
         tick_seconds: float = 1.0,
         cache_size: int = 10_000,
+        arrival_hold_seconds: float = ARRIVAL_HOLD_SECONDS,
         links: TraceLinks | None = None,
         retention: Retention | None = None,
     ) -> None:
@@ -116,6 +123,7 @@ class RunDriver:
         )
         self.max_active_runs = max_active_runs
         self.finished_ttl_ns = int(finished_ttl_seconds * NS)
+        self.arrivals = Arrivals(int(arrival_hold_seconds * NS), ARRIVAL_MAX_STEPS)
 
     @property
     def index(self) -> DeadlineIndex:
@@ -144,6 +152,7 @@ class RunDriver:
         """
         index = self.loop.index
         index.clear()
+        self.arrivals.clear()  # unacknowledged: processed again from the committed offsets
         # Writes staged before the rebalance go: detect drops their records unacknowledged
         # (streams/worker/agents/detect.py), so they are processed again from the tables' state.
         self.store.discard_writes()
@@ -164,9 +173,10 @@ class RunDriver:
             self.store.finished_after.clear()
             self.store.retained_indexed.clear()  # read again from the tables' marks
 
-    def due_partitions(self, now_ns: int) -> set[int]:
-        """Partitions with work for a tick: due runs, or a sweep (finished markers past
-        their TTL, expired retained records and episodes) due."""
+    def due_partitions(self, now_ns: int, wall_ns: int | None = None) -> set[int]:
+        """Partitions with work for a tick at clock `now_ns`: due runs, held arrivals the
+        clock has passed or held too long (by the wall clock, `wall_ns`), or a sweep
+        (finished markers past their TTL, expired retained records and episodes) due."""
         index = self.loop.index
         index.mark_evictions(self.max_active_runs, now_ns)
         due = set()
@@ -179,6 +189,7 @@ class RunDriver:
             p for p in self.store.sweep_partitions if now_ns - swept_at.get(p, 0) >= SWEEP_NS
         )
         due.update(self.sweeping)  # a pass under way
+        due.update(self.arrivals.due(now_ns, now_ns if wall_ns is None else wall_ns))
         return due
 
     # ------------------------------------------------------------------ processing
@@ -199,12 +210,14 @@ class RunDriver:
         run_id: str,
         batches: list[tuple[list[Step], int | None]],
         now_ns: int,
+        arrived: list[int] | None = None,
+        clock_ns: int | None = None,
     ) -> Outputs:
         """Steps of one run, from one or more messages in arrival order, each with the
-        input clock it was sent at (RunLoop.apply); one state write, pending until
-        `take_writes`."""
+        input clock it was sent at (RunLoop.apply, as are `arrived` and `clock_ns`); one
+        state write, pending until `take_writes`."""
         out = Outputs()
-        self.loop.apply(partition, run_id, batches, now_ns, out)
+        self.loop.apply(partition, run_id, batches, now_ns, out, arrived, clock_ns)
         calls = (
             retained_records.ledger_calls((s for steps, _ in batches for s in steps), self.policy)
             if self.retention is not None and self.ledger_tools
@@ -212,6 +225,42 @@ class RunDriver:
         )
         self.retain(partition, out, now_ns, {run_id: calls} if calls else None)
         return out
+
+    def apply_arrivals(
+        self, partition: int, wall_ns: int, tick_ns: int | None = None
+    ) -> list[tuple[list[Arrival], Outputs | Exception]]:
+        """The held arrivals of the partition's runs that its input clock has passed, or
+        held too long (streams/worker/agents/arrivals.py), and before a tick at `tick_ns`
+        those of the runs it will release, finalize or evict: each run's, all of them at
+        once, taken as they would have been on arrival and then released by the clock,
+        as a tick sent at it would. Each with its outputs, or the exception its run's
+        processing raised (nothing of it is stored)."""
+        clock = self.arrivals.clocks.get(partition)
+        must = None
+        if tick_ns is not None:
+            index = self.loop.index
+
+            def must(run_id: str) -> bool:
+                deadline = index.get(run_id)
+                return deadline is not None and deadline.due <= tick_ns
+
+        done: list[tuple[list[Arrival], Outputs | Exception]] = []
+        for held in self.arrivals.take(partition, wall_ns, must):
+            batches: list[tuple[list[Step], int | None]] = [(a.steps, a.sent_clock) for a in held]
+            try:
+                out = self.process_run(
+                    partition,
+                    held[0].run_id,
+                    batches,
+                    held[-1].at_ns,
+                    [a.at_ns for a in held],
+                    clock,
+                )
+            except Exception as exc:
+                done.append((held, exc))
+                continue
+            done.append((held, out))
+        return done
 
     def tick(self, partition: int, now_ns: int) -> Outputs:
         """Due releases, finalizations and evictions of one partition, and (once every

@@ -82,7 +82,7 @@ class Timers:
         now = time.time()
         clock_ns = self.clock.now_ns()
         assigned = self.assigned()
-        for partition in sorted(self.driver.due_partitions(clock_ns)):
+        for partition in sorted(self.driver.due_partitions(clock_ns, time.time_ns())):
             if partition not in assigned:
                 continue
             sent = self.tick_sent.get(partition)

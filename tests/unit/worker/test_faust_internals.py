@@ -686,6 +686,21 @@ async def test_after_a_revocation_faust_commits_past_a_record_never_acknowledged
     assert consumer._new_offset(tp) == 328
 
 
+def test_faust_commits_past_one_unacknowledged_record_followed_by_acknowledged_ones() -> None:
+    """Why detect acknowledges in read order (streams/worker/agents/detect.py `in_order`): a
+    record held for the input clock, unacknowledged while the records after it are, would
+    be committed over, and lost at the next restart. `_new_offset` waits for a gap of two
+    or more at the head, not for a gap of one."""
+    app: Any = faust.App("ack-order-unit", broker="kafka://127.0.0.1:1", store="memory://")
+    consumer = app.consumer
+    tp = TP("steps", 1)
+    consumer._committed_offset[tp] = 217  # the next to read: 217 is not acknowledged
+    consumer._acked[tp] = [219, 220]
+    assert consumer._new_offset(tp) is None  # 217 and 218 missing: waits
+    consumer._acked[tp] = [218, 219, 220]
+    assert consumer._new_offset(tp) == 221  # 217 alone missing: committed over
+
+
 async def test_a_rebalance_ends_only_after_the_seek(monkeypatch: pytest.MonkeyPatch) -> None:
     app: Any = faust.App("rebalance-end-unit", broker="kafka://127.0.0.1:1", store="memory://")
     during_seek: list[bool] = []

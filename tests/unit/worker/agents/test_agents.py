@@ -479,9 +479,10 @@ async def test_a_tick_judges_deadlines_by_the_clock_it_was_sent_with(service: An
 
 
 async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> None:
-    """Ingest stamps each steps message with its input clock; detect reads it back, and a
-    clock short of the run's previous arrival vouches for nothing (no release on end
-    times), one past it for the run's end time as of then."""
+    """Ingest stamps each steps message with its input clock; detect reads it back and
+    holds the arrival, unacknowledged, until a message or tick of its partition brings a
+    clock past it: a clock short of it vouches for nothing; one past it applies the
+    arrival and releases its steps as they are applied (one state write, not two)."""
     now = time.time_ns()
     service.clock.input = InputClock(start_ns=now - 7 * 10**9)
     run = Run(trace=11)
@@ -490,23 +491,81 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
     (msg,) = service.topics["steps"].sent
     headers = list(msg["headers"].items())
-    stamped = Msg("loopwatch-steps", msg["partition"], 0, None, msg["value"], headers=headers)
-    assert sent_clock(stamped) == now - 7 * 10**9
+    p = msg["partition"]
+    stamped = Ev(Msg("loopwatch-steps", p, 0, None, msg["value"], headers=headers))
+    assert sent_clock(stamped.message) == now - 7 * 10**9
+    first_max_end = max(s.end_ns for s in run.spans)
     assert sent_clock(Msg("loopwatch-steps", 0, 0, None, b"[]")) is None  # older workers
-    await detect_batch(service, [Ev(stamped)])
-    env, state = service.driver.cache[run.trace_id]
-    assert env.confirmed_end_ns is None  # a first arrival: nothing vouched for yet
-    first_max_end = state.max_end_ns
+    assert await detect_batch(service, [stamped]) == []  # held: not acknowledged
+    assert run.trace_id not in service.driver.cache and len(service.tables.runs) == 0
+    assert len(service.driver.arrivals) == 1
+    early = encode_tick(time.time_ns(), now - 6 * 10**9)  # a clock short of the arrival
+    tick = Ev(Msg("loopwatch-steps", p, 1, None, early))
+    # acknowledged in read order only: faust would commit past the held record
+    assert await detect_batch(service, [tick]) == []
+    assert len(service.driver.arrivals) == 1 and len(service.tables.runs) == 0
     service.clock.input.now_ns = time.time_ns()  # the group got past that arrival
     more = Run(trace=11)
     more.tool("lookup_order", {"order_id": "B"}, {"status": "pending"})
     await service.ingest.record(Ev(Msg("otlp_spans", 0, 2, None, encode_request(more.spans))))
     msg = service.topics["steps"].sent[-1]
     headers = list(msg["headers"].items())
-    later = Msg("loopwatch-steps", msg["partition"], 1, None, msg["value"], headers=headers)
-    await detect_batch(service, [Ev(later)])
-    env = service.driver.cache[run.trace_id][0]
+    later = Ev(Msg("loopwatch-steps", msg["partition"], 2, None, msg["value"], headers=headers))
+    # its clock vouches for the first arrival: the run's held arrivals are applied, the
+    # later one too (it may carry a span that ended first), and released by that clock
+    assert await detect_batch(service, [later]) == [stamped, tick, later]
+    env, state = decode_envelope(service.tables.runs[run.trace_id.encode()])
+    assert state.spans == len(run.spans) + 1 and not service.driver.arrivals
     assert env.confirmed_end_ns == first_max_end
+    assert [at for at, _ in env.candidates] == [env.seen_ns]  # the later one's, not vouched
+    # (its step ended before the first arrival's last: released with them, in order)
+    assert state.pending == []
+
+
+async def test_an_arrival_held_too_long_waits_for_the_clock_in_the_runs_state(
+    service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clock that does not pass an arrival within the hold (a backlog, a stalled input
+    partition): the arrival is applied as it was before holds, at its arrival time, its
+    steps waiting in the run's state with a candidate for the clock."""
+    now = time.time_ns()
+    service.clock.input = InputClock(start_ns=now - 60 * 10**9)
+    run = looping_run(12)
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    msg = service.topics["steps"].sent[-1]
+    p, headers = msg["partition"], list(msg["headers"].items())
+    held = Ev(Msg("loopwatch-steps", p, 0, None, msg["value"], headers=headers))
+    assert await detect_batch(service, [held]) == []
+    ((arrival,),) = service.driver.arrivals.queues[p].values()
+    monkeypatch.setattr(service.driver.arrivals, "hold_ns", 0)  # held long enough
+    assert p in service.driver.due_partitions(now - 60 * 10**9, time.time_ns())
+    tick = Ev(Msg("loopwatch-steps", p, 1, None, encode_tick(now, now - 60 * 10**9)))
+    assert await detect_batch(service, [tick]) == [held, tick]
+    env, state = decode_envelope(service.tables.runs[run.trace_id.encode()])
+    assert state.spans == len(run.spans) and state.pending and state.position == 0
+    assert env.seen_ns == arrival.at_ns and env.candidates == [(arrival.at_ns, state.max_end_ns)]
+    assert service.topics["events"].sent == []
+
+
+async def test_a_rebalance_drops_held_arrivals_unacknowledged(make: Any, fakes: Fakes) -> None:
+    """Held arrivals of the old assignment are never applied nor acknowledged: the
+    partitions' next owner processes their records again."""
+    service = make()
+    service.clock.input = InputClock(start_ns=time.time_ns() - 7 * 10**9)
+    run = looping_run(13)
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    msg = service.topics["steps"].sent[-1]
+    p, headers = msg["partition"], list(msg["headers"].items())
+    held = Ev(Msg("loopwatch-steps", p, 0, None, msg["value"], headers=headers))
+    assert await detect_batch(service, [held]) == []
+    service.revoked([])
+    service.recovered({0, 1, 2, 3})
+    assert not service.driver.arrivals
+    now = time.time_ns()
+    tick = Ev(Msg("loopwatch-steps", p, 1, None, encode_tick(now, now), generation_id=1))
+    fakes.group_generation = 1
+    assert await detect_batch(service, [tick]) == [tick]
+    assert len(service.tables.runs) == 0 and not service.detect.holding
 
 
 async def test_a_delivered_input_record_advances_the_clock_and_sends_the_ticks_it_makes_due(
