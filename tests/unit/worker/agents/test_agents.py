@@ -522,6 +522,17 @@ async def test_steps_carry_the_input_clock_they_were_sent_at(service: Any) -> No
     assert state.pending == []
 
 
+async def held_arrival(service: Any, run: Run) -> tuple[int, Ev]:
+    """The run's spans through ingest, then its steps message (stamped with the input
+    clock) through a detect batch: held, not acknowledged. Returns (partition, event)."""
+    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
+    msg = service.topics["steps"].sent[-1]
+    p, headers = msg["partition"], list(msg["headers"].items())
+    held = Ev(Msg("loopwatch-steps", p, 0, None, msg["value"], headers=headers))
+    assert await detect_batch(service, [held]) == []
+    return p, held
+
+
 async def test_an_arrival_held_too_long_waits_for_the_clock_in_the_runs_state(
     service: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -531,11 +542,7 @@ async def test_an_arrival_held_too_long_waits_for_the_clock_in_the_runs_state(
     now = time.time_ns()
     service.clock.input = InputClock(start_ns=now - 60 * 10**9)
     run = looping_run(12)
-    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    msg = service.topics["steps"].sent[-1]
-    p, headers = msg["partition"], list(msg["headers"].items())
-    held = Ev(Msg("loopwatch-steps", p, 0, None, msg["value"], headers=headers))
-    assert await detect_batch(service, [held]) == []
+    p, held = await held_arrival(service, run)
     ((arrival,),) = service.driver.arrivals.queues[p].values()
     monkeypatch.setattr(service.driver.arrivals, "hold_ns", 0)  # held long enough
     assert p in service.driver.due_partitions(now - 60 * 10**9, time.time_ns())
@@ -553,11 +560,7 @@ async def test_a_rebalance_drops_held_arrivals_unacknowledged(make: Any, fakes: 
     service = make()
     service.clock.input = InputClock(start_ns=time.time_ns() - 7 * 10**9)
     run = looping_run(13)
-    await service.ingest.record(Ev(Msg("otlp_spans", 0, 1, None, encode_request(run.spans))))
-    msg = service.topics["steps"].sent[-1]
-    p, headers = msg["partition"], list(msg["headers"].items())
-    held = Ev(Msg("loopwatch-steps", p, 0, None, msg["value"], headers=headers))
-    assert await detect_batch(service, [held]) == []
+    p, held = await held_arrival(service, run)
     service.revoked([])
     service.recovered({0, 1, 2, 3})
     assert not service.driver.arrivals
