@@ -184,7 +184,7 @@ class Detect:
                 except Exception as exc:
                     dead.append(await self.dead_letters.internal_error(record, exc, "detect"))
         partition_event: dict[int, Any] = {}
-        outputs, released = await self._detect(groups, held, ticks, partition_event, dead)
+        outputs, applied = await self._detect(groups, held, ticks, partition_event, dead)
         # outputs, acknowledged by the broker before the state that fired them
         try:
             await publish(self.publisher, self.events_topic, self.runs_topic, outputs)
@@ -196,7 +196,7 @@ class Detect:
             checkpoint.drop()
             raise
         checkpoint.stage(self.in_order(events), refetched, partition_event, generation)
-        if groups or released:
+        if groups or applied:
             self.metrics.last_processed_timestamp.set(time.time())
         self.metrics.active_runs.set(len(self.driver.index))
 
@@ -280,14 +280,16 @@ class Detect:
     async def _hold_and_apply(
         self,
         held: Held,
-        ticks: dict[int, tuple[Any, int | None]],
+        tick_clocks: dict[int, int],
         outputs: list[tuple[int, Outputs]],
         partition_event: dict[int, Any],
         dead: list[Sent],
-    ) -> list[Any]:
+    ) -> bool:
         """Hold this batch's arrivals, then apply every held one the input clocks read in
-        it (its messages' and ticks') have passed, or that were held too long. Returns the
-        events whose last held arrival was applied (to acknowledge with this batch)."""
+        it (its messages' and its ticks', `tick_clocks`) have passed, or that were held too
+        long, and those of the runs the ticks will release or finalize. An event whose held
+        arrivals are all applied leaves `holding` (`in_order` then acknowledges it).
+        Returns whether any arrival was applied."""
         arrivals, holding = self.driver.arrivals, self.holding
         now_ns = time.time_ns()
         now = now_ns / 1e9
@@ -298,11 +300,9 @@ class Detect:
             entry[1] += 1
             if ts := event.message.timestamp:  # read now (the wait for the clock is not in it)
                 self.metrics.processing_latency.observe(max(0.0, now - ts))
-        tick_clocks = {}
-        for partition, (_event, sent_at) in ticks.items():
-            tick_clocks[partition] = self.clock.now_ns() if sent_at is None else sent_at
-            arrivals.saw(partition, tick_clocks[partition])
-        released: list[Any] = []
+        for partition, clock in tick_clocks.items():
+            arrivals.saw(partition, clock)
+        applied_any = False
         for partition in list(arrivals.queues):
             tick_ns = tick_clocks.get(partition)
             for applied, result in self.driver.apply_arrivals(partition, now_ns, tick_ns):
@@ -314,14 +314,14 @@ class Detect:
                 else:
                     outputs.append((partition, result))
                     self.counters["run_parts"] += len(applied)
+                applied_any = True
                 for a in applied:
                     partition_event[partition] = a.token
                     entry = holding[id(a.token)]
                     entry[1] -= 1
                     if entry[1] == 0:
                         del holding[id(a.token)]
-                        released.append(a.token)
-        return released
+        return applied_any
 
     async def _detect(
         self,
@@ -330,10 +330,10 @@ class Detect:
         ticks: dict[int, tuple[Any, int | None]],
         partition_event: dict[int, Any],
         dead: list[Sent],
-    ) -> tuple[list[tuple[int, Outputs]], list[Any]]:
+    ) -> tuple[list[tuple[int, Outputs]], bool]:
         """Detection (pure; the table writes stay pending in the driver): the steps applied
         at once, then the held arrivals the batch's clocks let go, then the ticks. Returns
-        the outputs and the events whose last held arrival was applied."""
+        the outputs and whether any held arrival was applied."""
         outputs: list[tuple[int, Outputs]] = []
         for (partition, run_id), items in groups.items():
             try:
@@ -352,14 +352,18 @@ class Detect:
                 ts = ev.message.timestamp
                 if ts:
                     self.metrics.processing_latency.observe(max(0.0, now - ts))
-        released = await self._hold_and_apply(held, ticks, outputs, partition_event, dead)
-        for partition, (event, sent_at) in ticks.items():
+        # The clock as each tick was sent, not as it is now: a step delivered after the send
+        # (and committed, advancing the clock) may still be queued behind the tick.
+        tick_clocks = {
+            partition: self.clock.now_ns() if sent_at is None else sent_at
+            for partition, (_event, sent_at) in ticks.items()
+        }
+        applied = await self._hold_and_apply(held, tick_clocks, outputs, partition_event, dead)
+        for partition, (event, _sent_at) in ticks.items():
             self.on_tick(partition)
             if event.message.timestamp:
                 self.stage_seconds("tick", time.time() - event.message.timestamp)
-            # The clock as the tick was sent, not as it is now: a step delivered after the
-            # send (and committed, advancing the clock) may still be queued behind the tick.
-            now_ns = self.clock.now_ns() if sent_at is None else sent_at
+            now_ns = tick_clocks[partition]
             try:
                 out = self.driver.tick(partition, now_ns)
             except Exception:
@@ -371,4 +375,4 @@ class Detect:
         for _partition, out in outputs:
             for arrival_ns in out.vouched_arrivals:
                 self.stage_seconds("input_clock", now - arrival_ns / 1e9)
-        return outputs, released
+        return outputs, applied
