@@ -311,6 +311,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.run_errors = Counter(
+            PREFIX + "run_errors_total",
+            "Runs whose release, finalization or eviction at their deadline raised: each keeps "
+            "its last saved state and is tried again after the idle timeout (the worker's log "
+            "has the run id and the traceback). A failed arrival is dead-lettered instead.",
+            registry=r,
+        )
         self.active_runs = Gauge(
             PREFIX + "active_runs",
             "Runs currently held in detector state.",

@@ -116,6 +116,9 @@ class Tally:
     def held(self, call: HeldCall) -> None:
         pass  # holds live in the worker; a recording's denials name holds gone long since
 
+    def failed(self, run_id: str, exc: Exception) -> None:
+        raise exc  # the replay stops on a failed run, as on a failed arrival
+
 
 class Engine:
     """The run loop over batches in arrival order, state in dicts, an event-time watermark

@@ -105,6 +105,7 @@ class Sink(Protocol):
     def evicted_run(self) -> None: ...  # a run finalized early for capacity
     def held(self, call: HeldCall) -> None: ...  # a call an on-call hold decided (or should)
     def vouched(self, arrival_ns: int) -> None: ...  # the input clock passed this arrival
+    def failed(self, run_id: str, exc: Exception) -> None: ...  # a due run's processing raised
 
 
 class RunStore(Protocol):
@@ -313,46 +314,62 @@ class RunLoop:
 
     def due(self, partition: int, now_ns: int, sink: Sink, limit: int | None = None) -> None:
         """Releases, finalizations and evictions of `partition` due by `now_ns`, the
-        earliest `limit` runs of them (the rest stay due)."""
-        policy = self.policy
+        earliest `limit` runs of them (the rest stay due). A run whose processing raises
+        goes to `sink.failed` and keeps its last saved state; it is tried again after the
+        idle timeout, and the runs after it are handled as if it had not failed."""
         index = self.index
         for run_id in index.pop_due(partition, now_ns, limit):
             deadline = index.get(run_id)
+            if deadline is None:
+                continue
             try:
-                loaded = self.store.load(run_id)
-            except (DecodeError, ValueError, KeyError, TypeError):
-                log.exception("runs table: unreadable state of run %s left alone", run_id)
-                loaded = None
-            if deadline is None or loaded is None:
-                index.remove(run_id)
-                continue
-            env, state = loaded
-            if deadline.evict or deadline.finalize_at <= now_ns:
-                self.finalize(run_id, partition, state, now_ns, sink)
-                if deadline.evict:
-                    sink.evicted_run()
-                continue
-            # Release: past the run's last arrival the clock vouches for all of it, and the
-            # run clock is its event time advanced by the time since that arrival. Before
-            # it (a candidate's tick), what the clock vouches for, as a message would; the
-            # last arrival becomes the next candidate.
-            if (arrival := env.vouch(now_ns)) is not None:
-                sink.vouched(arrival)
-            if now_ns >= env.seen_ns:
-                env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
-                watermark = state.max_end_ns + (now_ns - env.seen_ns)
-            else:
-                watermark = env.confirmed_end_ns or 0
-                if not env.candidates:
-                    env.arrived(env.seen_ns, state.max_end_ns)
-            for finding in pipeline.release(policy, state, watermark):
-                sink.event(self.event_of(finding, state))
-            env.refresh(state)
-            self.store.save(run_id, env, state)
-            nxt = self.deadline_for(env)
-            if nxt.release_at is not None and nxt.release_at <= now_ns:
-                nxt.release_at = now_ns + self.tick_ns  # blocked by ordering: retry later
-            index.set(run_id, nxt)
+                self._due_run(run_id, deadline, partition, now_ns, sink)
+            except Exception as exc:
+                index.remove(run_id)  # (an eviction's mark too: it would be due at once)
+                index.set(
+                    run_id, Deadline(partition, deadline.seen_ns, None, now_ns + self._idle_ns)
+                )
+                sink.failed(run_id, exc)
+
+    def _due_run(
+        self, run_id: str, deadline: Deadline, partition: int, now_ns: int, sink: Sink
+    ) -> None:
+        index = self.index
+        try:
+            loaded = self.store.load(run_id)
+        except (DecodeError, ValueError, KeyError, TypeError):
+            log.exception("runs table: unreadable state of run %s left alone", run_id)
+            loaded = None
+        if loaded is None:
+            index.remove(run_id)
+            return
+        env, state = loaded
+        if deadline.evict or deadline.finalize_at <= now_ns:
+            self.finalize(run_id, partition, state, now_ns, sink)
+            if deadline.evict:
+                sink.evicted_run()
+            return
+        # Release: past the run's last arrival the clock vouches for all of it, and the
+        # run clock is its event time advanced by the time since that arrival. Before
+        # it (a candidate's tick), what the clock vouches for, as a message would; the
+        # last arrival becomes the next candidate.
+        if (arrival := env.vouch(now_ns)) is not None:
+            sink.vouched(arrival)
+        if now_ns >= env.seen_ns:
+            env.confirmed_end_ns = max(env.confirmed_end_ns or 0, state.max_end_ns)
+            watermark = state.max_end_ns + (now_ns - env.seen_ns)
+        else:
+            watermark = env.confirmed_end_ns or 0
+            if not env.candidates:
+                env.arrived(env.seen_ns, state.max_end_ns)
+        for finding in pipeline.release(self.policy, state, watermark):
+            sink.event(self.event_of(finding, state))
+        env.refresh(state)
+        self.store.save(run_id, env, state)
+        nxt = self.deadline_for(env)
+        if nxt.release_at is not None and nxt.release_at <= now_ns:
+            nxt.release_at = now_ns + self.tick_ns  # blocked by ordering: retry later
+        index.set(run_id, nxt)
 
     def finalize(
         self, run_id: str, partition: int, state: RunState, now_ns: int, sink: Sink

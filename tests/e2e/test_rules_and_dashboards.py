@@ -342,7 +342,7 @@ def test_dashboard_is_a_provisionable_grafana_dashboard() -> None:
     for wanted in [MAIN_PANEL, "Loop rate by shape", "Loop rate by tool and tool_version",
                    "Top looping tools (range)", "Wasted steps by shape",
                    "Wasted tokens by shape and tool", "Runs finished by termination reason",
-                   "Consumed per second", "Dead letters, decode errors, publish retries",
+                   "Consumed per second", "Dead letters, decode errors, publish retries, failed runs",
                    "Late, after-finalize and duplicate spans", "Active and evicted runs",
                    "Consumer lag",
                    "Processing latency"]:  # fmt: skip

@@ -90,6 +90,8 @@ class Counting:
                 m.spans_after_finalize.inc(out.spans_after_finalize)
             for _ in range(out.evicted):
                 m.run_evicted("capacity")
+            if out.failures:
+                m.run_errors.inc(len(out.failures))
             for call in out.held_calls:
                 count_held(partition, call)
 

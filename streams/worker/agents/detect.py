@@ -369,6 +369,14 @@ class Detect:
             except Exception:
                 log.exception("detect: tick of partition %s failed", partition)
                 continue
+            for run_id, error in out.failures:  # the other runs' outputs go out
+                log.error(
+                    "detect: run %s of partition %s failed at its deadline: %s",
+                    run_id,
+                    partition,
+                    type(error).__name__,
+                    exc_info=error,
+                )
             outputs.append((partition, out))
             partition_event[partition] = event
         now = time.time()  # arrivals the input clock vouched for, by messages or ticks

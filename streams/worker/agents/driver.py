@@ -67,6 +67,7 @@ class Outputs:
     duplicate_spans: int = 0
     held_calls: list[HeldCall] = field(default_factory=list)  # calls an on-call hold decided
     vouched_arrivals: list[int] = field(default_factory=list)  # the input clock passed them
+    failures: list[tuple[str, Exception]] = field(default_factory=list)  # due runs that raised
 
     def event(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -92,6 +93,9 @@ class Outputs:
 
     def held(self, call: HeldCall) -> None:
         self.held_calls.append(call)
+
+    def failed(self, run_id: str, exc: Exception) -> None:
+        self.failures.append((run_id, exc))
 
 
 class RunDriver:

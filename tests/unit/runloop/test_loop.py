@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from detectors import pipeline
 from detectors.fingerprint import Fingerprinter
 from detectors.model import NS, Step
 from detectors.policy import Policy
@@ -55,6 +56,9 @@ class Recorder:
 
     def held(self, call: Any) -> None:
         self.out.append(("held", call))
+
+    def failed(self, run_id: str, exc: Exception) -> None:
+        self.out.append(("failed", (run_id, exc)))
 
     def kinds(self, kind: str) -> list[Any]:
         return [value for k, value in self.out if k == kind]
@@ -155,6 +159,66 @@ def test_evicted_runs_are_finalized_and_counted() -> None:
     loop.due(0, T0 + 3, sink)
     assert [s["run_id"] for s in sink.kinds("summary")] == [runs[0].trace_id, runs[1].trace_id]
     assert sink.kinds("evicted") == [None, None] and len(loop.index) == 1
+
+
+def failing_for(monkeypatch: Any, name: str, run_id: str) -> None:
+    """`pipeline.<name>` raises for one run (a detector's bug), works for the others."""
+    real = getattr(pipeline, name)
+
+    def maybe_raise(policy: Policy, state: Any, *args: Any) -> Any:
+        if state.run_id == run_id:
+            raise RuntimeError("a detector's bug")
+        return real(policy, state, *args)
+
+    monkeypatch.setattr(pipeline, name, maybe_raise)
+
+
+def test_a_run_that_fails_at_its_deadline_leaves_the_others_due_with_it_alone(
+    monkeypatch: Any,
+) -> None:
+    policy = example_policy(finalize_grace_seconds=2, idle_timeout_seconds=600)
+    store = MemoryStore(10)
+    loop, sink = RunLoop(policy, store, release_timer=True), Recorder()
+    runs = [looping(20 + i) for i in range(3)]
+    for i, run in enumerate(runs):
+        loop.apply(0, run.trace_id, [(steps_of(policy, run), None)], T0 + i, sink)
+    failing_for(monkeypatch, "finalize", runs[1].trace_id)
+    loop.due(0, T0 + 5 * NS, sink)
+    assert [s["run_id"] for s in sink.kinds("summary")] == [runs[0].trace_id, runs[2].trace_id]
+    ((run_id, exc),) = sink.kinds("failed")
+    assert run_id == runs[1].trace_id and isinstance(exc, RuntimeError)
+    # kept, and tried again after the idle timeout, not at every tick
+    assert runs[1].trace_id in store.states
+    deadline = loop.index.get(runs[1].trace_id)
+    assert deadline is not None and deadline.finalize_at == T0 + 605 * NS
+    loop.due(0, T0 + 604 * NS, sink)
+    assert len(sink.kinds("failed")) == 1
+    monkeypatch.undo()
+    loop.due(0, T0 + 605 * NS, sink)
+    assert sink.kinds("summary")[-1]["run_id"] == runs[1].trace_id
+    assert len(loop.index) == 0
+
+
+def test_a_failed_release_is_retried_and_a_failed_eviction_is_not_due_at_once(
+    monkeypatch: Any,
+) -> None:
+    policy = example_policy(allowed_lateness_seconds=1, idle_timeout_seconds=600)
+    loop, sink = RunLoop(policy, MemoryStore(10), release_timer=True), Recorder()
+    runs = [looping(30 + i, root=False) for i in range(3)]
+    for i, run in enumerate(runs):
+        loop.apply(0, run.trace_id, [(steps_of(policy, run), None)], T0 + i, sink)
+    failing_for(monkeypatch, "release", runs[0].trace_id)
+    loop.due(0, T0 + 2 * NS, sink)  # the releases
+    assert [r for r, _ in sink.kinds("failed")] == [runs[0].trace_id]
+    assert len(sink.kinds("event")) == 2  # the other two runs' loops
+    assert loop.index.mark_evictions(0, T0) == 3
+    failing_for(monkeypatch, "finalize", runs[1].trace_id)
+    loop.due(0, T0 + 3 * NS, sink)
+    assert [r for r, _ in sink.kinds("failed")][1:] == [runs[1].trace_id]
+    assert [s["run_id"] for s in sink.kinds("summary")] == [runs[0].trace_id, runs[2].trace_id]
+    assert loop.index.evicting == 0 and loop.index.next_due(0) == T0 + 603 * NS
+    loop.due(0, T0 + 4 * NS, sink)
+    assert len(sink.kinds("failed")) == 2
 
 
 def test_close_finalizes_in_the_order_given() -> None:

@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSize
 from prometheus_client import CollectorRegistry
 
 from alerts.metrics import Metrics
+from detectors import pipeline
 from detectors.fingerprint import Fingerprinter
 from detectors.policy import policy_from_mapping
 from streams.runloop.deadlines import Deadline
@@ -382,6 +383,39 @@ async def test_ticks_finalize_due_runs(service: Any) -> None:
     assert run.trace_id.encode() not in service.tables.runs
     assert run.trace_id.encode() in service.tables.finished
     assert total(service.tables.run_counts) == 1
+
+
+async def test_a_run_failing_at_its_deadline_leaves_the_ticks_other_runs_finalized(
+    service: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tick's run whose finalization raises (a detector's bug) is counted and logged by
+    id; the other runs of the tick still go out (they were lost with it: their state was
+    saved, their summaries and events never sent), and the runs after it stay due."""
+    runs = [looping_run(60 + i) for i in range(3)]
+    p = 0
+    for i, run in enumerate(runs):
+        await service.ingest.record(Ev(Msg("otlp_spans", 0, i, None, encode_request(run.spans))))
+        value = service.topics["steps"].sent[-1]["value"]
+        await detect_batch(service, [Ev(Msg("loopwatch-steps", p, i, None, value))])
+    for i, run in enumerate(runs):  # due now, in this order
+        service.driver.index.set(run.trace_id, Deadline(p, 0, None, i))
+    real = pipeline.finalize
+
+    def finalize(policy: Any, state: Any) -> Any:
+        if state.run_id == runs[1].trace_id:
+            raise RuntimeError("customer text must not leak: SECRET")
+        return real(policy, state)
+
+    monkeypatch.setattr(pipeline, "finalize", finalize)
+    await detect_batch(service, [Ev(Msg("loopwatch-steps", p, 3, None, b'{"tick":1}'))])
+    summaries = [json.loads(m["value"]) for m in service.topics["runs"].sent]
+    assert [s["run_id"] for s in summaries] == [runs[0].trace_id, runs[2].trace_id]
+    assert service.metrics.registry.get_sample_value("loopwatch_run_errors_total") == 1
+    assert runs[1].trace_id.encode() in service.tables.runs  # its last saved state
+    (failed,) = [r for r in caplog.records if "failed at its deadline" in r.getMessage()]
+    assert runs[1].trace_id in failed.getMessage() and "SECRET" not in failed.getMessage()
+    later = service.driver.index.get(runs[1].trace_id)
+    assert later is not None and later.finalize_at > time.time_ns()  # not at every tick
 
 
 async def test_a_finished_run_counts_on_its_versions_and_exports_their_history(
