@@ -277,6 +277,26 @@ class Detect:
         for run_id, steps in parts:
             groups.setdefault((p, run_id), []).append((event, steps, clock))
 
+    async def _settle(
+        self,
+        partition: int,
+        run_id: str,
+        events: list[Any],
+        result: Outputs | Exception,
+        outputs: list[tuple[int, Outputs]],
+        dead: list[Sent],
+    ) -> None:
+        """One run's steps applied from the records of `events`: its outputs, or the
+        exception its processing raised (nothing of it stored) and its records
+        dead-lettered."""
+        if isinstance(result, Exception):
+            what = f"detect (run {run_id})"
+            for ev in events:
+                dead.append(await self.dead_letters.internal_error(ev.message, result, what))
+            return
+        outputs.append((partition, result))
+        self.counters["run_parts"] += len(events)
+
     async def _hold_and_apply(
         self,
         held: Held,
@@ -306,17 +326,11 @@ class Detect:
         for partition in list(arrivals.queues):
             tick_ns = tick_clocks.get(partition)
             for applied, result in self.driver.apply_arrivals(partition, now_ns, tick_ns):
-                if isinstance(result, Exception):
-                    what = f"detect (run {applied[0].run_id})"
-                    for a in applied:
-                        message = a.token.message
-                        dead.append(await self.dead_letters.internal_error(message, result, what))
-                else:
-                    outputs.append((partition, result))
-                    self.counters["run_parts"] += len(applied)
+                tokens = [a.token for a in applied]
+                await self._settle(partition, applied[0].run_id, tokens, result, outputs, dead)
+                partition_event[partition] = tokens[-1]
                 applied_any = True
                 for a in applied:
-                    partition_event[partition] = a.token
                     entry = holding[id(a.token)]
                     entry[1] -= 1
                     if entry[1] == 0:
@@ -336,17 +350,17 @@ class Detect:
         the outputs and whether any held arrival was applied."""
         outputs: list[tuple[int, Outputs]] = []
         for (partition, run_id), items in groups.items():
+            result: Outputs | Exception
             try:
                 batches = [(steps, clock) for _, steps, clock in items]
-                out = self.driver.process_run(partition, run_id, batches, time.time_ns())
+                result = self.driver.process_run(partition, run_id, batches, time.time_ns())
             except Exception as exc:
-                what = f"detect (run {run_id})"
-                for ev, _, _ in items:
-                    dead.append(await self.dead_letters.internal_error(ev.message, exc, what))
+                result = exc
+            events = [ev for ev, _, _ in items]
+            await self._settle(partition, run_id, events, result, outputs, dead)
+            partition_event[partition] = events[-1]
+            if isinstance(result, Exception):
                 continue
-            outputs.append((partition, out))
-            partition_event[partition] = items[-1][0]
-            self.counters["run_parts"] += len(items)
             now = time.time()
             for ev, _, _ in items:
                 ts = ev.message.timestamp
