@@ -33,10 +33,12 @@ from streams.worker.agents.driver import Outputs
 from streams.worker.agents.messages import (
     MARK_VALUE_PREFIX,
     TICK_VALUE_PREFIX,
+    PackedSteps,
     decode_run_groups,
     decode_steps,
     key_text,
     mark_offsets,
+    packed_run_steps,
     sent_clock,
     tick_clock,
 )
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Groups = dict[tuple[int, str], list[tuple[Any, list[Step], int | None]]]
-Held = list[tuple[int, str, Any, list[Step], int]]  # (partition, run id, event, steps, clock)
+Held = list[tuple[int, str, Any, PackedSteps, int]]  # (partition, run id, event, steps, clock)
 
 
 class Detect:
@@ -267,13 +269,16 @@ class Detect:
             return
         clock = sent_clock(record)
         p = record.partition
+        if clock is not None and streamed and self.driver.arrivals.hold_ns > 0:
+            held += [
+                (p, run_id, event, steps, clock)
+                for run_id, steps in packed_run_steps(record.key, value)
+            ]
+            return
         if record.key is None:  # partition-grouped: several runs
             parts = decode_run_groups(value)
         else:
             parts = [(key_text(record.key), decode_steps(value))]
-        if clock is not None and streamed and self.driver.arrivals.hold_ns > 0:
-            held += [(p, run_id, event, steps, clock) for run_id, steps in parts]
-            return
         for run_id, steps in parts:
             groups.setdefault((p, run_id), []).append((event, steps, clock))
 

@@ -48,7 +48,8 @@ SWEEP_BATCH = 5_000
 TICK_MAX_RUNS = 1_000
 # Unkeyed arrivals wait in memory for the input clock at most this long (by the wall clock;
 # LOOPWATCH_ARRIVAL_HOLD_MS), and at most this many steps in all; past either they wait for
-# it in the run's state, as they did before (streams/worker/agents/arrivals.py).
+# it in the run's state, as they did before (streams/worker/agents/arrivals.py). Held steps
+# are packed (messages.PackedSteps), about 200 bytes each: 50,000 are 10 MB.
 ARRIVAL_HOLD_SECONDS = 2.0
 ARRIVAL_MAX_STEPS = 50_000
 
@@ -250,7 +251,9 @@ class RunDriver:
 
         done: list[tuple[list[Arrival], Outputs | Exception]] = []
         for held in self.arrivals.take(partition, wall_ns, must):
-            batches: list[tuple[list[Step], int | None]] = [(a.steps, a.sent_clock) for a in held]
+            batches: list[tuple[list[Step], int | None]] = [
+                (a.step_list(), a.sent_clock) for a in held
+            ]
             try:
                 out = self.process_run(
                     partition,

@@ -120,11 +120,50 @@ def decode_run_groups(value: bytes) -> list[tuple[str, list[Step]]]:
                 raise ValueError("grouped steps message: expected [run_id, [steps]] pairs")
             out.append((run_id, [Step.from_list(item) for item in steps]))
         return out
+    return [(run_id, _make(items)) for run_id, items in _groups(_unmarshal(value))]
+
+
+class PackedSteps:
+    """A run's steps while detect holds them for the input clock
+    (streams/worker/agents/arrivals.py): the marshal of their checked field tuples, about
+    200 bytes a step where the Step objects take 800 (docs/PERFORMANCE.md, stop 62). A
+    burst of held Steps left the allocator's pages behind it."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, items: list[tuple[Any, ...]]) -> None:
+        self.data = marshal.dumps(items, _MARSHAL_VERSION)
+        self.count = len(items)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def unpack(self) -> list[Step]:
+        return [Step(*values) for values in marshal.loads(self.data)]
+
+
+def packed_run_steps(key: Any, value: bytes) -> list[tuple[str, PackedSteps]]:
+    """A steps message's runs (of a run-keyed one, the run of `key`), each with its steps
+    checked as `decode_steps` and `decode_run_groups` check them, and packed."""
+    value = bytes(value)
+    if value[:1] == _JSON_STEPS:  # earlier versions: decoded, then packed
+        parts = decode_run_groups(value) if key is None else [(key_text(key), decode_steps(value))]
+        return [(run_id, PackedSteps(list(map(step_values, steps)))) for run_id, steps in parts]
+    data = _unmarshal(value)
+    if key is not None:
+        _check(data)
+        return [(key_text(key), PackedSteps(data))]
+    return [(run_id, PackedSteps(items)) for run_id, items in _groups(data)]
+
+
+def _groups(data: list[Any]) -> list[tuple[str, list[Any]]]:
+    """The (run_id, steps) pairs of a grouped message, each checked."""
     groups = []
-    for group in _unmarshal(value):
+    for group in data:
         if type(group) is not tuple or len(group) != 2 or type(group[0]) is not str:
             raise ValueError("grouped steps message: expected (run_id, [steps]) pairs")
-        groups.append((group[0], _steps(group[1])))
+        _check(group[1])
+        groups.append((group[0], group[1]))
     return groups
 
 
@@ -149,10 +188,19 @@ _TYPES = frozenset({str, int, float, bool, type(None), tuple})  # tuple: item_fp
 
 
 def _steps(items: Any) -> list[Step]:
-    """Steps from field tuples, each checked: scalars, and item_fps a tuple of strings."""
+    """Steps from field tuples, each checked."""
+    _check(items)
+    return _make(items)
+
+
+def _make(items: list[Any]) -> list[Step]:
+    return [Step(*values) for values in items]
+
+
+def _check(items: Any) -> None:
+    """Field tuples of steps: scalars, and item_fps a tuple of strings."""
     if type(items) is not list:
         raise ValueError("steps message: steps are not a list")
-    steps = []
     for values in items:
         if (
             type(values) is not tuple
@@ -165,8 +213,6 @@ def _steps(items: Any) -> list[Step]:
                 fps = values[at]
                 if type(fps) is not tuple or (fps and not all(type(f) is str for f in fps)):
                     raise ValueError(f"steps message: {STEP_FIELDS[at]} is not a tuple of strings")
-        steps.append(Step(*values))
-    return steps
 
 
 def encode_first_steps(groups: list[tuple[str, list[Step]]]) -> bytes:

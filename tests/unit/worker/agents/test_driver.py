@@ -28,6 +28,7 @@ from streams.worker.agents.messages import (
     encode_run_groups,
     encode_steps,
     key_partition,
+    packed_run_steps,
 )
 from streams.worker.api.answers import run_view
 from streams.worker.state.retained import INDEX, index_key, indexed_key, is_record_key
@@ -637,6 +638,60 @@ def test_steps_messages_are_binary_exact_and_checked() -> None:
     for value in bad:
         with pytest.raises(ValueError):
             decode_run_groups(value)
+
+
+def test_held_steps_are_packed_checked_alike_and_give_the_same_steps_back() -> None:
+    """What detect holds for the input clock (messages.packed_run_steps): each run's steps
+    as decoding gives them, from a grouped, a run-keyed or an earlier JSON message; what
+    decoding refuses, packing refuses too; and packed, a step takes a third of the memory
+    of its Step objects or less (the held bursts' pages stayed behind, stop 62)."""
+    import marshal
+    import tracemalloc
+
+    policy = example_policy()
+    normalizer = Normalizer(policy, Fingerprinter(KEY))
+    run = Run(trace=42)
+    for _ in range(20):
+        run.tool("lookup_order", {"order_id": "A1"}, {"status": "ok"})
+    run.llm()
+    steps = [normalizer.step(s) for s in run.spans]
+    grouped = encode_run_groups([("r1", steps), ("r2", steps[:3])])
+    packed = packed_run_steps(None, grouped)
+    assert [(r, len(p), p.unpack()) for r, p in packed] == [
+        ("r1", len(steps), steps),
+        ("r2", 3, steps[:3]),
+    ]
+    ((run_id, one),) = packed_run_steps(b"r9", encode_steps(steps))
+    assert run_id == "r9" and one.unpack() == steps
+    legacy = json.dumps([["r1", [s.to_list() for s in steps]]]).encode()
+    assert [(r, p.unpack()) for r, p in packed_run_steps(None, legacy)] == [("r1", steps)]
+    legacy_keyed = json.dumps([s.to_list() for s in steps]).encode()
+    assert packed_run_steps(b"r9", legacy_keyed)[0][1].unpack() == steps
+    bad = [
+        b"\x01" + marshal.dumps({"not": "a list"}),
+        b"\x01" + marshal.dumps([("r1", [("too", "short")])]),
+        b"\x01" + marshal.dumps([("r1", [(*steps[0].to_list()[:-1], [1])])]),
+        b"\x01garbage",
+    ]
+    for value in bad:
+        with pytest.raises(ValueError):
+            decode_run_groups(value)
+        with pytest.raises(ValueError):
+            packed_run_steps(None, value)
+    with pytest.raises(ValueError):
+        packed_run_steps(b"r9", b"\x01" + marshal.dumps([("too", "short")]))
+    many = [encode_run_groups([(f"r{i}", steps)]) for i in range(50)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held_packed = [packed_run_steps(None, m) for m in many]
+        as_packed = tracemalloc.get_traced_memory()[0] - before
+        held_steps = [decode_run_groups(m) for m in many]
+        as_steps = tracemalloc.get_traced_memory()[0] - before - as_packed
+    finally:
+        tracemalloc.stop()
+    assert len(held_packed) == len(held_steps) == 50
+    assert as_packed * 3 < as_steps, (as_packed, as_steps)
 
 
 def test_key_partition_matches_the_java_client() -> None:
