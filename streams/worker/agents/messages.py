@@ -139,7 +139,7 @@ class PackedSteps:
         return self.count
 
     def unpack(self) -> list[Step]:
-        return [Step(*values) for values in marshal.loads(self.data)]
+        return _make(marshal.loads(self.data))
 
 
 def packed_run_steps(key: Any, value: bytes) -> list[tuple[str, PackedSteps]]:
