@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.model import Step
 from streams.worker.agents.messages import PackedSteps
 
 __all__ = ["Arrival", "Arrivals"]
@@ -40,13 +39,9 @@ __all__ = ["Arrival", "Arrivals"]
 class Arrival:
     at_ns: int  # wall clock when detect read it: what the input clock must pass
     run_id: str
-    steps: list[Step] | PackedSteps  # (detect holds them packed: a quarter of the memory)
+    steps: PackedSteps  # (not Step objects: a quarter of the memory)
     sent_clock: int  # the input clock it was sent at
     token: Any  # what the caller acknowledges once it is applied (its record)
-
-    def step_list(self) -> list[Step]:
-        steps = self.steps
-        return steps.unpack() if isinstance(steps, PackedSteps) else steps
 
 
 class Arrivals:

@@ -252,7 +252,7 @@ class RunDriver:
         done: list[tuple[list[Arrival], Outputs | Exception]] = []
         for held in self.arrivals.take(partition, wall_ns, must):
             batches: list[tuple[list[Step], int | None]] = [
-                (a.step_list(), a.sent_clock) for a in held
+                (a.steps.unpack(), a.sent_clock) for a in held
             ]
             try:
                 out = self.process_run(

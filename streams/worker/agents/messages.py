@@ -135,6 +135,10 @@ class PackedSteps:
         self.data = marshal.dumps(items, _MARSHAL_VERSION)
         self.count = len(items)
 
+    @classmethod
+    def of(cls, steps: Iterable[Step]) -> PackedSteps:
+        return cls(list(map(step_values, steps)))
+
     def __len__(self) -> int:
         return self.count
 
@@ -148,7 +152,7 @@ def packed_run_steps(key: Any, value: bytes) -> list[tuple[str, PackedSteps]]:
     value = bytes(value)
     if value[:1] == _JSON_STEPS:  # earlier versions: decoded, then packed
         parts = decode_run_groups(value) if key is None else [(key_text(key), decode_steps(value))]
-        return [(run_id, PackedSteps(list(map(step_values, steps)))) for run_id, steps in parts]
+        return [(run_id, PackedSteps.of(steps)) for run_id, steps in parts]
     data = _unmarshal(value)
     if key is not None:
         _check(data)

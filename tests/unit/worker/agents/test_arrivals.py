@@ -13,6 +13,7 @@ from streams.spanpath import group_steps
 from streams.spanpath.normalize import Normalizer
 from streams.worker.agents.arrivals import Arrival, Arrivals
 from streams.worker.agents.driver import RunDriver
+from streams.worker.agents.messages import PackedSteps
 from streams.worker.state.store import decode_envelope
 from tests.spankit import Run, example_policy
 
@@ -20,7 +21,8 @@ T0 = 1_800_000_000 * NS
 
 
 def arrival(at: int, run: str = "r", steps: int = 1, clock: int = 0) -> Arrival:
-    return Arrival(at, run, [object()] * steps, clock, f"{run}@{at}")  # type: ignore[list-item]
+    # counted, never unpacked here: steps with no fields
+    return Arrival(at, run, PackedSteps([()] * steps), clock, f"{run}@{at}")
 
 
 def test_a_runs_arrivals_leave_together_once_the_clock_passes_its_first() -> None:
@@ -77,8 +79,10 @@ def test_a_vouched_run_is_applied_once_and_released_as_it_is_applied() -> None:
     driver.store.save = lambda run_id, env, state: (saves.append(run_id), save(run_id, env, state))[
         1
     ]  # type: ignore[method-assign]
-    driver.arrivals.hold(2, Arrival(T0, run.trace_id, steps[:2], T0 - NS, "m1"))
-    driver.arrivals.hold(2, Arrival(T0 + NS // 10, run.trace_id, steps[2:], T0 - NS, "m2"))
+    driver.arrivals.hold(2, Arrival(T0, run.trace_id, PackedSteps.of(steps[:2]), T0 - NS, "m1"))
+    driver.arrivals.hold(
+        2, Arrival(T0 + NS // 10, run.trace_id, PackedSteps.of(steps[2:]), T0 - NS, "m2")
+    )
     assert driver.apply_arrivals(2, T0 + NS // 5) == []  # no clock past them yet
     driver.arrivals.saw(2, T0 + NS // 5)
     ((applied, out),) = driver.apply_arrivals(2, T0 + NS // 5)
@@ -109,8 +113,12 @@ def test_a_run_that_fails_leaves_nothing_and_the_others_go_on(monkeypatch: Any) 
     driver = RunDriver(policy)
     runs: dict[bytes, bytes] = {}
     driver.bind(runs, {})
-    driver.arrivals.hold(0, Arrival(T0, a.trace_id, steps_of(policy, a), T0 - NS, "a"))
-    driver.arrivals.hold(0, Arrival(T0, b.trace_id, steps_of(policy, b), T0 - NS, "b"))
+    driver.arrivals.hold(
+        0, Arrival(T0, a.trace_id, PackedSteps.of(steps_of(policy, a)), T0 - NS, "a")
+    )
+    driver.arrivals.hold(
+        0, Arrival(T0, b.trace_id, PackedSteps.of(steps_of(policy, b)), T0 - NS, "b")
+    )
     driver.arrivals.saw(0, T0)
     ingest = pipeline.ingest
 
@@ -142,7 +150,7 @@ def test_a_tick_takes_a_runs_held_arrivals_before_it_finalizes_the_run() -> None
     driver.bind({}, {})
     driver.process_run(0, run.trace_id, [(first, T0 - NS)], T0)
     held_at = T0 + 3 * NS  # after the grace by the wall clock
-    driver.arrivals.hold(0, Arrival(held_at, run.trace_id, late, T0, "late"))
+    driver.arrivals.hold(0, Arrival(held_at, run.trace_id, PackedSteps.of(late), T0, "late"))
     tick = T0 + 2 * NS  # the input clock: the run is due, the arrival not vouched for
     assert driver.loop.index.get(run.trace_id).due <= tick  # type: ignore[union-attr]
     assert driver.arrivals.take(0, held_at) == []  # not for the clock alone
