@@ -109,10 +109,11 @@ class Sink(Protocol):
 
 
 class RunStore(Protocol):
-    def load(self, run_id: str) -> tuple[Envelope, RunState] | None: ...
+    # `partition`: where the run's state and marker are (its input's partition)
+    def load(self, run_id: str, partition: int) -> tuple[Envelope, RunState] | None: ...
     def save(self, run_id: str, env: Envelope, state: RunState) -> None: ...
     def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None: ...
-    def is_finished(self, run_id: str) -> bool: ...
+    def is_finished(self, run_id: str, partition: int) -> bool: ...
 
 
 class MemoryStore:
@@ -125,7 +126,7 @@ class MemoryStore:
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.finished_memory = finished_memory
 
-    def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
+    def load(self, run_id: str, partition: int) -> tuple[Envelope, RunState] | None:
         state = self.states.get(run_id)
         return None if state is None else (self.envelopes[run_id], state)
 
@@ -140,7 +141,7 @@ class MemoryStore:
         if len(self.finished) > self.finished_memory:
             self.finished.popitem(last=False)
 
-    def is_finished(self, run_id: str) -> bool:
+    def is_finished(self, run_id: str, partition: int) -> bool:
         return run_id in self.finished
 
 
@@ -265,9 +266,9 @@ class RunLoop:
         confirmation trails an arrival by about the input clock's lag, not by one lag for
         each arrival queued before it."""
         store = self.store
-        loaded = store.load(run_id)
+        loaded = store.load(run_id, partition)
         if loaded is None:
-            if store.is_finished(run_id):
+            if store.is_finished(run_id, partition):
                 sink.after_finalize(sum(len(steps) for steps, _ in batches))
                 return
             state = pipeline.new_state(run_id)
@@ -336,7 +337,7 @@ class RunLoop:
     ) -> None:
         index = self.index
         try:
-            loaded = self.store.load(run_id)
+            loaded = self.store.load(run_id, partition)
         except (DecodeError, ValueError, KeyError, TypeError):
             log.exception("runs table: unreadable state of run %s left alone", run_id)
             loaded = None
@@ -425,7 +426,8 @@ class RunLoop:
     def close(self, run_ids: Iterable[str], now_ns: int, sink: Sink) -> None:
         """End of input: finalize these runs in this order, whatever their deadlines."""
         for run_id in run_ids:
-            loaded = self.store.load(run_id)
+            deadline = self.index.get(run_id)
+            loaded = self.store.load(run_id, 0 if deadline is None else deadline.partition)
             if loaded is not None:
                 env, state = loaded
                 self.finalize(run_id, env.partition, state, now_ns, sink)

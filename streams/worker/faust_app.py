@@ -248,6 +248,7 @@ class LoopwatchService:
             retained=self.retained,
             episodes=self.episodes,
             scan=faust_internals.partition_items,
+            read=faust_internals.partition_read,
             count=faust_internals.estimated_keys,
             versions=self.versions,
             version_counts=CurrentWindow(version_counts),

@@ -100,6 +100,8 @@ def run_driver(s: WorkerSettings, policy: Policy, tables: Tables) -> RunDriver:
     driver.bind(tables.runs, tables.finished, tables.retained, tables.episodes)
     if tables.scan is not None:
         driver.store.scan = tables.scan
+    if tables.read is not None:
+        driver.store.read = tables.read
     return driver
 
 

@@ -322,7 +322,7 @@ class RunDriver:
         store = self.store
         for run_id in {**events, **summaries, **(calls or {})}:
             key = run_id.encode("utf-8")
-            raw = store.load_retained(key)
+            raw = store.load_retained(partition, key)
             body = retained_records.decode(raw) if raw is not None else {}
             if run_id in events:
                 for event in retained_records.add_events(body, events[run_id], now_ns):

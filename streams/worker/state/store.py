@@ -35,6 +35,12 @@ Table = MutableMapping[bytes, bytes]
 # read as they are iterated: a sweep holds one record at a time, not a slice of them (a
 # slice of 5,000 retained records was a burst that grew with the history kept)
 Scan = Callable[[Table, int, bytes | None, int], Iterable[tuple[bytes, bytes]]]
+Read = Callable[[Table, int, bytes], bytes | None]  # (table, partition, key) -> value
+
+
+def read_mapping(table: Table, partition: int, key: bytes) -> bytes | None:
+    """`Read` of a plain mapping (tests, the memory store): every partition's keys in one."""
+    return table.get(key)
 
 
 def scan_mapping(
@@ -219,6 +225,7 @@ class TableStore:
         self.retained: Table = {}
         self.episodes: Table = {}
         self.scan: Scan = scan_mapping
+        self.read: Read = read_mapping
         self.cache: OrderedDict[str, tuple[Envelope, RunState]] = OrderedDict()
         self.cache_size = cache_size
         self.writes = Writes()
@@ -245,15 +252,15 @@ class TableStore:
         if episodes is not None:
             self.episodes = episodes
 
-    def _read(self, table: str, source: Table, key: bytes) -> bytes | None:
+    def _read(self, table: str, source: Table, partition: int, key: bytes) -> bytes | None:
         staged = self.writes.get(table, key)
-        return staged[1] if staged is not None else source.get(key)
+        return staged[1] if staged is not None else self.read(source, partition, key)
 
-    def load(self, run_id: str) -> tuple[Envelope, RunState] | None:
+    def load(self, run_id: str, partition: int) -> tuple[Envelope, RunState] | None:
         cached = self.cache.pop(run_id, None)
         if cached is not None:
             return cached
-        raw = self._read("runs", self.runs, run_id.encode("utf-8"))
+        raw = self._read("runs", self.runs, partition, run_id.encode("utf-8"))
         return None if raw is None else decode_envelope(raw)
 
     def save(self, run_id: str, env: Envelope, state: RunState) -> None:
@@ -270,8 +277,9 @@ class TableStore:
         self.writes.put("finished", partition, key, encode_finished(now_ns, partition))
         self.sweep_partitions.add(partition)
 
-    def is_finished(self, run_id: str) -> bool:
-        return self._read("finished", self.finished, run_id.encode("utf-8")) is not None
+    def is_finished(self, run_id: str, partition: int) -> bool:
+        key = run_id.encode("utf-8")
+        return self._read("finished", self.finished, partition, key) is not None
 
     def sweep_finished(self, partition: int, cutoff_ns: int, limit: int) -> int:
         """Delete the markers set at or before `cutoff_ns` among the next `limit` of
@@ -287,8 +295,8 @@ class TableStore:
             "finished", self.finished, self.finished_after, partition, limit, expired
         )
 
-    def load_retained(self, key: bytes) -> bytes | None:
-        return self._read("retained", self.retained, key)
+    def load_retained(self, partition: int, key: bytes) -> bytes | None:
+        return self._read("retained", self.retained, partition, key)
 
     def put_retained(
         self, partition: int, key: bytes, value: bytes | None, *, was: bytes | None
@@ -347,7 +355,7 @@ class TableStore:
             if owner != partition or self.writes.get("retained", key) is not None:
                 continue
             self.writes.put("retained", partition, key, None)
-            current = self._read("retained", self.retained, record)
+            current = self._read("retained", self.retained, partition, record)
             if current is not None and self.writes.get("retained", record) is None:
                 try:
                     expires, _finished, owner = retained_records.header(current)
@@ -362,7 +370,8 @@ class TableStore:
     def _retained_indexed(self, partition: int) -> bool:
         if partition in self.retained_indexed:
             return True
-        if self._read("retained", self.retained, retained_records.indexed_key(partition)):
+        marker = retained_records.indexed_key(partition)
+        if self._read("retained", self.retained, partition, marker):
             self.retained_indexed.add(partition)
             return True
         return False
@@ -390,7 +399,7 @@ class TableStore:
                 deleted += 1
                 continue
             index = retained_records.index_key(expires_ns, key)
-            if self._read("retained", self.retained, index) is None:
+            if self._read("retained", self.retained, partition, index) is None:
                 self.writes.put(
                     "retained", partition, index, retained_records.index_value(partition)
                 )
@@ -481,6 +490,7 @@ class Tables:
     retained: Table = field(default_factory=dict)
     episodes: Table = field(default_factory=dict)
     scan: Scan | None = None  # a partition's items in key order (None: plain mappings)
+    read: Read | None = None  # a key of a partition (None: plain mappings)
     count: Callable[[Any], int] = len  # a table's keys (rocksdb: its estimate, no read)
     # which version replaced which, and the windowed counts of each version's runs
     # (streams/worker/agents/counting.py, detectors/versions.py)

@@ -128,7 +128,7 @@ def test_due_finalizes_then_spans_after_finalize_are_counted_not_fed() -> None:
     loop.due(0, T0 + 2 * NS, sink)
     (summary,) = sink.kinds("summary")
     assert summary["run_id"] == run.trace_id and summary["outcome"] == "complete"
-    assert store.is_finished(run.trace_id) and not store.states and len(loop.index) == 0
+    assert store.is_finished(run.trace_id, 0) and not store.states and len(loop.index) == 0
     loop.apply(0, run.trace_id, [(steps[:2], None)], T0 + 3 * NS, sink)
     assert sink.kinds("after_finalize") == [2] and not store.states
 

@@ -538,6 +538,32 @@ def bytes_table(tmp_path: Any, name: str = "values") -> tuple[Any, Any]:
     return app, app.Table("runs", key_type=bytes, value_type=bytes, partitions=2)
 
 
+def test_partition_read_reads_what_faust_reads_in_that_partition_s_event(tmp_path: Any) -> None:
+    """A key written in partition 1's event: read from partition 1 it is what faust's Table
+    gives there (and outside any event, where faust searches every partition); from
+    partition 0 it is absent, as for faust in partition 0's event. Partitions not opened
+    yet open as faust's read opens them. The memory store: its one dict."""
+    app, table = bytes_table(tmp_path)
+    table.send_changelog = lambda *args, **kwargs: SimpleNamespace(
+        message=SimpleNamespace(partition=1)
+    )
+    with faust_internals.in_event(_Event(1)):
+        table[b"run-a"] = b"state"
+        assert table.get(b"run-a") == b"state"
+    assert table.get(b"run-a") == b"state"  # faust's search of every partition
+    assert faust_internals.partition_read(table, 1, b"run-a") == b"state"
+    assert type(faust_internals.partition_read(table, 1, b"run-a")) is bytes
+    with faust_internals.in_event(_Event(0)):
+        assert table.get(b"run-a") is None
+    assert faust_internals.partition_read(table, 0, b"run-a") is None
+    assert faust_internals.partition_read(table, 1, b"run-b") is None
+    memory: Any = faust.App("internals-read", broker="kafka://127.0.0.1:1", store="memory://")
+    kept = memory.Table("runs", key_type=bytes, value_type=bytes, partitions=2)
+    kept.data.data[b"run-a"] = b"state"
+    assert faust_internals.partition_read(kept, 0, b"run-a") == b"state"
+    assert faust_internals.partition_read(kept, 1, b"run-b") is None
+
+
 async def test_the_changelog_writer_writes_what_faust_s_table_writes(tmp_path: Any) -> None:
     """The same rows through faust's Table (in their partition's event) and through the
     writer: the same store contents per partition and the same changelog records; the

@@ -123,6 +123,35 @@ def as_streamed(stream_event: dict[str, Any], replay_event: dict[str, Any]) -> d
     return out
 
 
+def test_every_read_asks_the_partition_its_run_is_processed_in() -> None:
+    """The worker reads a key from one partition's database (faust_internals.partition_read;
+    faust's Table, read outside an event, searched every partition for a key it had not
+    seen): a run's state, finished marker and retained record must be asked for in the
+    partition the run is processed in, the one its key maps to. Over the examples, with
+    finalizations, finished runs' late spans and retained records."""
+    from streams.worker.state.retained import Retention
+
+    policy = stream_policy(finalize_grace_seconds=2, idle_timeout_seconds=5)
+    worker = FakeWorker(policy, retention=Retention.hours(1, 1))
+    reads: list[tuple[int, bytes]] = []
+
+    def read(table: dict[bytes, bytes], partition: int, key: bytes) -> bytes | None:
+        reads.append((partition, key))
+        return table.get(key)
+
+    worker.driver.store.read = read
+    for path in example_files():
+        for message in file_messages(path):
+            worker.feed(message)
+        worker.advance(10)
+    for message in file_messages(example_files()[0]):  # again: their runs are finished
+        worker.feed(message)
+    assert worker.summaries and worker.after_finalize
+    run_keys = [(p, key) for p, key in reads if is_record_key(key)]
+    assert len({key for _, key in run_keys}) >= len(worker.summaries)
+    assert [(p, key) for p, key in run_keys if p != key_partition(key, 4)] == []
+
+
 def test_driver_equals_replay_on_the_examples() -> None:
     """Same events (same order, same fields, but for the run facts the stream had not
     received when an event fired) and the same run outcomes."""
@@ -998,7 +1027,7 @@ def test_the_retained_sweep_reads_what_expired_not_every_record_kept() -> None:
         expires = 100 + i if i < 10 else 10**12  # ten due soon, the rest kept long
         store.put_retained(0, f"run-{i:04d}".encode(), encode({}, 0, expires, 1), was=None)
     moved = b"run-0003"  # its expiry moved out: its old entry goes, its record stays
-    was = store.load_retained(moved)
+    was = store.load_retained(0, moved)
     store.put_retained(0, moved, encode({"again": 1}, 0, 10**12 + 5, 1), was=was)
     store.apply_writes()
     handed.clear()
