@@ -179,6 +179,12 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
     """Flush the buffer and summarize the run. The state is marked finalized."""
     findings = _release(policy, state, None, force_all=True) if state.pending else []
     state.finalized = True
+    return findings, summarize(policy, state)
+
+
+def summarize(policy: Policy, state: RunState) -> dict[str, Any]:
+    """The run's summary as its state stands (changes nothing): with nothing pending, what
+    `finalize` would give."""
     if state.conflicts:
         outcome = "integrity_error"
     elif not state.root_seen or state.unresolved or state.unresolved_overflow:
@@ -244,7 +250,7 @@ def finalize(policy: Policy, state: RunState) -> tuple[list[Finding], dict[str, 
         summary["wasted_cost"] = round(
             wasted_cost(state.wasted_tokens, state.cost, state.priced_tokens), 6
         )
-    return findings, summary
+    return summary
 
 
 # ---------------------------------------------------------------------------- internals

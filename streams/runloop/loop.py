@@ -63,6 +63,14 @@ class Envelope:
     # arrivals waiting for it, oldest first: (clock, the run's latest end as of then).
     confirmed_end_ns: int | None = None
     candidates: list[tuple[int, int]] = field(default_factory=list)
+    # A settled run's summary as its state stands (RunLoop `summary_at_settle`), else None:
+    # its finalization then reads no state unless a loop fired (its record's timeline).
+    summary: dict[str, Any] | None = None
+
+    def settled(self) -> bool:
+        """The root span ended and nothing waits (no steps for release, no arrival for the
+        input clock): unless another span comes, the run's next load finalizes it."""
+        return self.root_end_ns is not None and self.pending == 0 and not self.candidates
 
     def vouch(self, clock_ns: int) -> int | None:
         """The input clock reached `clock_ns`: everything produced before then is ahead of
@@ -111,8 +119,10 @@ class Sink(Protocol):
 class RunStore(Protocol):
     # `partition`: where the run's state and marker are (its input's partition)
     def load(self, run_id: str, partition: int) -> tuple[Envelope, RunState] | None: ...
+    def load_envelope(self, run_id: str, partition: int) -> Envelope | None: ...  # no state
     def save(self, run_id: str, env: Envelope, state: RunState) -> None: ...
-    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None: ...
+    # `state`: None when the run was finalized from its envelope's summary
+    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState | None) -> None: ...
     def is_finished(self, run_id: str, partition: int) -> bool: ...
 
 
@@ -130,11 +140,14 @@ class MemoryStore:
         state = self.states.get(run_id)
         return None if state is None else (self.envelopes[run_id], state)
 
+    def load_envelope(self, run_id: str, partition: int) -> Envelope | None:
+        return self.envelopes.get(run_id)
+
     def save(self, run_id: str, env: Envelope, state: RunState) -> None:
         self.states[run_id] = state
         self.envelopes[run_id] = env
 
-    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None:
+    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState | None) -> None:
         self.states.pop(run_id, None)
         self.envelopes.pop(run_id, None)
         self.finished[run_id] = None
@@ -176,6 +189,15 @@ def labelled_event(finding: Finding, state: RunState, policy: Policy) -> dict[st
     return event
 
 
+def with_deferred(summary: dict[str, Any], state: RunState) -> dict[str, Any]:
+    """`summary` with the events that fired before the run's labels were known, for the
+    drivers to count under its prompt_version (the run's final slice)."""
+    summary["deferred_events"] = [
+        dict(zip(DEFERRED_FIELDS, d, strict=True)) for d in state.deferred
+    ]
+    return summary
+
+
 def loops_counted(
     events: list[dict[str, Any]], summaries: list[dict[str, Any]]
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -192,7 +214,9 @@ class RunLoop:
     """Per-run apply, release, deadline choice, finalization and event building over a
     `RunStore`. `release_timer`: schedule releases of buffered steps (the worker; the
     replay releases them on the run's next arrival or at its end). `tick_ns`: how long a
-    release blocked by ordering waits before it is tried again."""
+    release blocked by ordering waits before it is tried again. `summary_at_settle`: keep
+    a settled run's summary in its envelope (the worker, whose states are decoded to be
+    read: a finalization that decodes none costs a fifth of what one that does)."""
 
     def __init__(
         self,
@@ -202,12 +226,14 @@ class RunLoop:
         release_timer: bool,
         tick_ns: int = NS,
         links: TraceLinks | None = None,
+        summary_at_settle: bool = False,
     ) -> None:
         self.policy = policy
         self.links = links  # LOOPWATCH_TRACE_URL: `trace_url` on events and summaries
         self.store = store
         self.release_timer = release_timer
         self.tick_ns = tick_ns
+        self.summary_at_settle = summary_at_settle
         self.index = DeadlineIndex()
         # the on-call hold a tool call ran under with no guard decision (the worker's hold
         # book, streams/worker/state/holds.py); None: no holds are looked up
@@ -309,8 +335,7 @@ class RunLoop:
         # (an arrival applied after it arrived, streams/worker/agents/arrivals.py, may be
         # older than one applied at once before it: the anchor never goes back)
         env.partition, env.seen_ns = partition, max(env.seen_ns, now_ns)
-        env.refresh(state)
-        store.save(run_id, env, state)
+        self._save(run_id, env, state)
         self.index.set(run_id, self.deadline_for(env))
 
     def due(self, partition: int, now_ns: int, sink: Sink, limit: int | None = None) -> None:
@@ -336,20 +361,26 @@ class RunLoop:
         self, run_id: str, deadline: Deadline, partition: int, now_ns: int, sink: Sink
     ) -> None:
         index = self.index
+        finalizing = deadline.evict or deadline.finalize_at <= now_ns
         try:
-            loaded = self.store.load(run_id, partition)
+            kept = self._kept_summary(run_id, partition) if finalizing else None
+            loaded = None if kept is not None else self.store.load(run_id, partition)
         except (DecodeError, ValueError, KeyError, TypeError):
             log.exception("runs table: unreadable state of run %s left alone", run_id)
-            loaded = None
-        if loaded is None:
+            kept = loaded = None
+        if kept is None and loaded is None:  # gone, or unreadable
             index.remove(run_id)
             return
-        env, state = loaded
-        if deadline.evict or deadline.finalize_at <= now_ns:
-            self.finalize(run_id, partition, state, now_ns, sink)
+        if finalizing:
+            if kept is not None:
+                self._finished(run_id, partition, kept, None, now_ns, sink)
+            elif loaded is not None:
+                self.finalize(run_id, partition, loaded[1], now_ns, sink)
             if deadline.evict:
                 sink.evicted_run()
             return
+        assert loaded is not None  # (kept only when finalizing)
+        env, state = loaded
         # Release: past the run's last arrival the clock vouches for all of it, and the
         # run clock is its event time advanced by the time since that arrival. Before
         # it (a candidate's tick), what the clock vouches for, as a message would; the
@@ -365,8 +396,7 @@ class RunLoop:
                 env.arrived(env.seen_ns, state.max_end_ns)
         for finding in pipeline.release(self.policy, state, watermark):
             sink.event(self.event_of(finding, state))
-        env.refresh(state)
-        self.store.save(run_id, env, state)
+        self._save(run_id, env, state)
         nxt = self.deadline_for(env)
         if nxt.release_at is not None and nxt.release_at <= now_ns:
             nxt.release_at = now_ns + self.tick_ns  # blocked by ordering: retry later
@@ -376,18 +406,41 @@ class RunLoop:
         self, run_id: str, partition: int, state: RunState, now_ns: int, sink: Sink
     ) -> None:
         """Flush the run's buffer, then its summary; the run is finished."""
-        policy = self.policy
-        findings, summary = pipeline.finalize(policy, state)
+        findings, summary = pipeline.finalize(self.policy, state)
         for finding in findings:
             sink.event(self.event_of(finding, state))
-        # the events that fired before the run's labels were known, for the drivers to
-        # count under this summary's prompt_version (the run's final slice)
-        summary["deferred_events"] = [
-            dict(zip(DEFERRED_FIELDS, d, strict=True)) for d in state.deferred
-        ]
+        self._finished(run_id, partition, with_deferred(summary, state), state, now_ns, sink)
+
+    def _finished(
+        self,
+        run_id: str,
+        partition: int,
+        summary: dict[str, Any],
+        state: RunState | None,
+        now_ns: int,
+        sink: Sink,
+    ) -> None:
         sink.summary(summary if self.links is None else self.links.summary(summary))
         self.store.finish(run_id, partition, now_ns, state)
         self.index.remove(run_id)
+
+    def _save(self, run_id: str, env: Envelope, state: RunState) -> None:
+        env.refresh(state)
+        env.summary = None
+        if self.summary_at_settle and env.settled():
+            env.summary = with_deferred(pipeline.summarize(self.policy, state), state)
+        self.store.save(run_id, env, state)
+
+    def _kept_summary(self, run_id: str, partition: int) -> dict[str, Any] | None:
+        """The summary a settled run's envelope keeps, when finalizing it needs no more:
+        it has nothing to release, so finalizing its state gives this summary and no
+        event, and no loop fired (a looping run's retained record keeps its timeline,
+        taken from the state)."""
+        if not self.summary_at_settle:
+            return None
+        env = self.store.load_envelope(run_id, partition)
+        summary = None if env is None else env.summary
+        return None if summary is None or summary.get("shapes") else summary
 
     def whole(self, run_id: str, steps: list[Step], sink: Sink) -> tuple[int, str]:
         """Every delivered span of a run at once (the replay, streams/replay/runs.py), in any

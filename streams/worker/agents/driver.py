@@ -124,7 +124,12 @@ class RunDriver:
         self.swept_at: dict[int, int] = {}  # partition -> when its last sweep pass started
         self.sweeping: set[int] = set()  # partitions with a sweep pass under way
         self.loop = RunLoop(
-            policy, self.store, release_timer=True, tick_ns=int(tick_seconds * NS), links=links
+            policy,
+            self.store,
+            release_timer=True,
+            tick_ns=int(tick_seconds * NS),
+            links=links,
+            summary_at_settle=True,
         )
         self.max_active_runs = max_active_runs
         self.finished_ttl_ns = int(finished_ttl_seconds * NS)

@@ -53,20 +53,20 @@ def scan_mapping(
 
 
 def encode_header(env: Envelope) -> bytes:
-    return json.dumps(
-        {
-            "v": ENVELOPE_VERSION,
-            "p": env.partition,
-            "seen": env.seen_ns,
-            "first": env.first_ns,
-            "max_end": env.max_end_ns,
-            "root_end": env.root_end_ns,
-            "pending": env.pending,
-            "confirmed": env.confirmed_end_ns,
-            "cand": env.candidates,
-        },
-        separators=(",", ":"),
-    ).encode("utf-8")
+    header: dict[str, Any] = {
+        "v": ENVELOPE_VERSION,
+        "p": env.partition,
+        "seen": env.seen_ns,
+        "first": env.first_ns,
+        "max_end": env.max_end_ns,
+        "root_end": env.root_end_ns,
+        "pending": env.pending,
+        "confirmed": env.confirmed_end_ns,
+        "cand": env.candidates,
+    }
+    if env.summary is not None:  # (a reader from before it ignores the key)
+        header["sum"] = env.summary
+    return json.dumps(header, separators=(",", ":")).encode("utf-8")
 
 
 def encode_envelope(state: RunState, env: Envelope) -> bytes:
@@ -92,6 +92,7 @@ def decode_header(raw: bytes) -> Envelope:
         h["pending"],
         h.get("confirmed"),
         [(c[0], c[1]) for c in cand or ()],
+        h.get("sum"),
     )
 
 
@@ -187,16 +188,6 @@ class Writes:
         self.sightings.clear()
 
 
-def awaits_more(env: Envelope) -> bool:
-    """Whether a run is likely loaded again before its finalization: its root span has not
-    ended, or steps wait for release or for the input clock. A settled run (root ended,
-    nothing waiting) is loaded once more, by the tick that finalizes it after the grace:
-    holding its decoded state until then saves one decode and costs its memory for the
-    grace (keyed input, 150k spans: peak RSS 178 MiB against 252 with every state cached,
-    same throughput; docs/PERFORMANCE.md)."""
-    return env.root_end_ns is None or env.pending > 0 or bool(env.candidates)
-
-
 def _expiry(raw: bytes | None) -> int | None:
     """A retained record's expiry (None: no record, or not one)."""
     if raw is None:
@@ -215,7 +206,8 @@ class TableStore:
     markers are in the changelog never belongs to an event that was not delivered. Reads
     see pending writes first. Decoded states of recently touched runs that still await
     spans or a release are kept (write-through: the table always has the same state
-    encoded, `awaits_more`), which saves the decode on a run's next message; the cache is
+    encoded; not a settled run's, see `save`), which saves the decode on a run's next
+    message; the cache is
     cleared on every rebalance, and an entry is taken out while its run is processed, so a
     failure never leaves a half-updated state cached."""
 
@@ -229,7 +221,8 @@ class TableStore:
         self.cache: OrderedDict[str, tuple[Envelope, RunState]] = OrderedDict()
         self.cache_size = cache_size
         self.writes = Writes()
-        self.finishing: dict[str, RunState] = {}  # states of runs finished in this batch
+        # states of runs finished in this batch (not those finished from their summary)
+        self.finishing: dict[str, RunState] = {}
         self.sweep_after: dict[int, bytes | None] = {}  # partition -> key the sweep is past
         self.finished_after: dict[int, bytes | None] = {}  # ... the markers' sweep
         self.retained_indexed: set[int] = set()  # partitions whose records are all indexed
@@ -263,16 +256,29 @@ class TableStore:
         raw = self._read("runs", self.runs, partition, run_id.encode("utf-8"))
         return None if raw is None else decode_envelope(raw)
 
+    def load_envelope(self, run_id: str, partition: int) -> Envelope | None:
+        """The run's envelope without decoding its state (a cached run's as cached)."""
+        cached = self.cache.get(run_id)
+        if cached is not None:
+            return cached[0]
+        raw = self._read("runs", self.runs, partition, run_id.encode("utf-8"))
+        return None if raw is None else decode_header(raw)
+
     def save(self, run_id: str, env: Envelope, state: RunState) -> None:
         self.writes.put("runs", env.partition, run_id.encode("utf-8"), encode_envelope(state, env))
-        if self.cache_size > 0 and awaits_more(env):
+        # A settled run (Envelope.settled) is loaded once more, by the tick that finalizes
+        # it after the grace: holding its decoded state until then would save one decode
+        # and cost its memory for the grace (keyed input, 150k spans: peak RSS 178 MiB
+        # against 252 with every state cached, same throughput; docs/PERFORMANCE.md).
+        if self.cache_size > 0 and not env.settled():
             self.cache[run_id] = (env, state)
             if len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
 
-    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState) -> None:
+    def finish(self, run_id: str, partition: int, now_ns: int, state: RunState | None) -> None:
         key = run_id.encode("utf-8")
-        self.finishing[run_id] = state
+        if state is not None:
+            self.finishing[run_id] = state
         self.writes.put("runs", partition, key, None)
         self.writes.put("finished", partition, key, encode_finished(now_ns, partition))
         self.sweep_partitions.add(partition)

@@ -250,14 +250,16 @@ def _drive(loop: RunLoop, store: Any, plan: list[tuple[str, list[Step], int]]) -
 @given(seed=st.integers(0, 10_000), timer=st.booleans())
 def test_the_store_does_not_change_what_the_loop_finds(seed: int, timer: bool) -> None:
     """The replay's dicts and the worker's tables (every state encoded, stored and decoded
-    between two calls) give the same outputs in the same order for the same calls."""
+    between two calls; settled runs finalized from the summary their envelope keeps, as
+    the worker does) give the same outputs in the same order for the same calls."""
     policy = example_policy(allowed_lateness_seconds=1, finalize_grace_seconds=2)
     rng = random.Random(seed)
     pieces: list[tuple[str, list[Step]]] = []
     for trace in range(3):
         run = Run(trace=100 + trace)
+        ids = 2 if rng.random() < 0.5 else 99  # repeats (a loop) or distinct orders
         for i in range(rng.randint(2, 6)):
-            run.tool("lookup_order", {"order_id": f"A{i % 2}"}, {"status": "pending"})
+            run.tool("lookup_order", {"order_id": f"A{i % ids}"}, {"status": "pending"})
         if rng.random() < 0.7:
             run.root()
         steps = steps_of(policy, run)
@@ -272,11 +274,110 @@ def test_the_store_does_not_change_what_the_loop_finds(seed: int, timer: bool) -
             plan.append(("tick", [], now))
     plan.append(("tick", [], now + 3600 * NS))
     memory = MemoryStore(100)
-    table = TableStore()
+    table, kept = TableStore(), TableStore()
     want = _drive(RunLoop(policy, memory, release_timer=timer), memory, plan).out
     got = _drive(RunLoop(policy, table, release_timer=timer), table, plan).out
+    worker = RunLoop(policy, kept, release_timer=timer, summary_at_settle=True)
     assert got == want
-    assert len(want) > 0 and table.runs == {} and not memory.states
+    assert _drive(worker, kept, plan).out == want
+    assert len(want) > 0 and table.runs == {} and kept.runs == {} and not memory.states
+
+
+class CountingDecodes(TableStore):
+    """The worker's store, counting the states it decodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoded = 0
+
+    def load(self, run_id: str, partition: int) -> Any:
+        loaded = super().load(run_id, partition)
+        self.decoded += loaded is not None
+        return loaded
+
+
+def _settle_and_finalize(run: Run, more: Run | None = None) -> tuple[CountingDecodes, Recorder]:
+    """`run` applied and its steps released (its root ended: settled), `more`'s last span
+    and its release after that, then the run finalized: the worker's loop over its
+    tables, every write applied and nothing cached."""
+    policy = example_policy(allowed_lateness_seconds=1, finalize_grace_seconds=5)
+    store = CountingDecodes()
+    loop, sink = RunLoop(policy, store, release_timer=True, summary_at_settle=True), Recorder()
+    arrivals = [(run, T0)] + ([] if more is None else [(more, T0 + 3 * NS)])
+    for i, (part, at) in enumerate(arrivals):
+        steps = steps_of(policy, part)
+        loop.apply(0, run.trace_id, [(steps if i == 0 else steps[-1:], None)], at, sink)
+        store.apply_writes()
+        loop.due(0, at + 2 * NS, sink)  # the release
+        store.apply_writes()
+        store.cache.clear()
+    store.decoded = 0
+    loop.due(0, T0 + 20 * NS, sink)
+    return store, sink
+
+
+def _clean(trace: int) -> Run:
+    run = Run(trace=trace)
+    for i in range(3):
+        run.tool("lookup_order", {"order_id": f"A{i}"}, {"status": "shipped"})
+    run.root()
+    return run
+
+
+def test_a_settled_run_without_a_loop_is_finalized_from_its_envelope_without_its_state():
+    run = _clean(60)
+    store, sink = _settle_and_finalize(run)
+    (summary,) = sink.kinds("summary")
+    want = pipeline.finalize(example_policy(), _state_of(run))[1]
+    assert summary == {**want, "deferred_events": []}
+    assert store.decoded == 0  # only the envelope was read
+    assert store.finishing == {}  # no state for the retained record
+    store.apply_writes()
+    assert run.trace_id.encode() not in store.runs and run.trace_id.encode() in store.finished
+
+
+def test_a_settled_run_that_looped_is_finalized_from_its_state_for_its_timeline():
+    run = looping(61)
+    store, sink = _settle_and_finalize(run)
+    (summary,) = sink.kinds("summary")
+    assert summary["shapes"] == ["identical_repetition"]
+    assert store.decoded == 1  # its retained record's timeline needs the state
+    assert list(store.finishing) == [run.trace_id]
+
+
+def test_a_span_after_the_settled_save_is_in_the_summary_kept_for_the_finalization():
+    run = _clean(62)
+    more = _clean(62)
+    more.tool("lookup_order", {"order_id": "B9"}, {"status": "shipped"})
+    store, sink = _settle_and_finalize(run, more)
+    (summary,) = sink.kinds("summary")
+    last = max(step.end_ns for step in steps_of(example_policy(), more))
+    assert summary["tool_calls"] == 4 and summary["end_time_unix_nano"] == last
+    assert store.decoded == 0
+
+
+def test_an_unsettled_run_keeps_no_summary_and_is_finalized_from_its_state():
+    policy = example_policy(idle_timeout_seconds=5)
+    store = CountingDecodes()
+    loop, sink = RunLoop(policy, store, release_timer=True, summary_at_settle=True), Recorder()
+    run = Run(trace=63)
+    run.tool("lookup_order", {"order_id": "A1"}, {"status": "shipped"})  # no root yet
+    loop.apply(0, run.trace_id, [(steps_of(policy, run), None)], T0, sink)
+    store.apply_writes()
+    store.cache.clear()
+    env = store.load_envelope(run.trace_id, 0)
+    assert env is not None and env.summary is None and not env.settled()
+    loop.due(0, T0 + 10 * NS, sink)
+    (summary,) = sink.kinds("summary")
+    assert summary["outcome"] == "incomplete_trace" and store.decoded == 1
+
+
+def _state_of(run: Run) -> Any:
+    policy = example_policy()
+    state = pipeline.new_state(run.trace_id)
+    for step in pipeline.runtime_order(steps_of(policy, run)):
+        pipeline.ingest(policy, state, step)
+    return state
 
 
 # ---------------------------------------------------------------------------- late labels

@@ -637,6 +637,12 @@ def test_wire_formats_round_trip() -> None:
     assert decode_header(encode_envelope(state, waiting)).candidates == [(111, 7), (112, 9)]
     old = raw.replace(b'"cand":[]', b'"cand":[111,7]', 1)
     assert old != raw and decode_header(old).candidates == [(111, 7)]
+    # a settled run's summary rides in the header; a header without one (and one from
+    # before it) reads as None
+    summary = {**pipeline.summarize(policy, state), "deferred_events": []}
+    kept = decode_header(encode_envelope(state, Envelope(3, 111, 100, 0, 5, 0, summary=summary)))
+    assert kept.summary == summary and json.dumps(kept.summary) == json.dumps(summary)
+    assert head.summary is None and b'"sum"' not in raw
 
 
 def test_steps_messages_are_binary_exact_and_checked() -> None:
