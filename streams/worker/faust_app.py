@@ -24,7 +24,7 @@ from streams.worker.kafka.broker import BROKER_PROBE_SECONDS
 from streams.worker.kafka.topics import WINDOW_EXPIRES_SECONDS, WINDOW_SECONDS
 from streams.worker.service import Worker
 from streams.worker.state.holds import HoldBook
-from streams.worker.state.store import Tables
+from streams.worker.state.store import Rows, Tables
 
 if TYPE_CHECKING:
     from alerts.metrics import Metrics
@@ -112,21 +112,23 @@ def _wall_clock(event: Any = None) -> float:
 
 class CurrentWindow:
     """A windowed count table as the checkpoint reads and writes it (streams/worker/state/
-    store.py `Tables`): `get` and ``[key] = value`` in the window of now (processing time),
-    `items` of every window (the raw table, as the on-call API reads it)."""
+    store.py `Tables`): `read` and `rows` of the window of now (processing time), written
+    by the tables' writer; `items` of every window (the raw table, as the on-call API reads
+    it)."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
-        self.windows = raw.tumbling(
-            WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS)
-        ).relative_to(_wall_clock)
+        # (sets the table's window, which its expiry and the on-call API go by)
+        raw.tumbling(WINDOW_SECONDS, expires=timedelta(seconds=WINDOW_EXPIRES_SECONDS))
 
-    def get(self, key: str) -> Any:
-        """The current window's value (faust's default, 0, when there is none)."""
-        return self.windows[key].value()
+    def read(self, partition: int, key: str) -> Any:
+        """The current window's value in the partition's store (faust's default, 0, when
+        there is none)."""
+        return faust_internals.windowed_read(self.raw, partition, key, _wall_clock())
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.windows[key] = value
+    def rows(self, partition: int, items: list[tuple[str, Any]]) -> Rows:
+        """`items` as rows of the current window, for the tables' writer."""
+        return faust_internals.windowed_rows(self.raw, partition, items, _wall_clock())
 
     def items(self) -> Any:
         return self.raw.items()

@@ -8,7 +8,8 @@ driver's store, `Writes`) and are written once per flush interval
 batches of an interval is written once (Kafka Streams' record cache, quix-streams'
 ``Checkpoint.commit``). A flush writes in this order, waiting for the producer after each:
 
-1. the counts and version sightings (each added once: a redo's ids are refused);
+1. the counts and version sightings (each added once: a redo's ids are refused), in bulk
+   (`Tables.write_counts`), their changelog records delivered before it returns;
 2. the run states and the rest, whose fired markers stop their outputs from coming again
    (`Tables.write`: in bulk, its changelog records delivered before it returns);
 3. then the batches' records are acknowledged, so offsets are never committed past state
@@ -122,7 +123,7 @@ class Checkpoint:
         # (the last flush's states are in the log: a crash from here on redoes only the
         # batches below, whose ids the counts then refuse)
         try:
-            self.counting.write(writes, routing)
+            await self.counting.write(writes, routing)
         except Exception as exc:  # rocksdb: "IO error: No space left on device: ..."
             self.driver.discard_writes()
             raise write_error(exc) from exc

@@ -16,7 +16,7 @@ from detectors.versions import LOOPING, History, Slice, run_measures, seen_of, s
 from streams.runloop.loop import loops_counted
 from streams.worker.agents.driver import Outputs
 from streams.worker.state import versions as version_records
-from streams.worker.state.store import COUNT_TABLES, Tables, Writes
+from streams.worker.state.store import COUNT_TABLES, Rows, Tables, Writes
 from streams.worker.state.window_keys import added_once, aggregate_key, contribution_id, last_ids
 
 if TYPE_CHECKING:
@@ -95,22 +95,29 @@ class Counting:
             for call in out.held_calls:
                 count_held(partition, call)
 
-    def write(self, writes: Writes, events_of: dict[int, Any]) -> None:
+    async def write(self, writes: Writes, events_of: dict[int, Any]) -> None:
         """Write the staged counts and sightings (`events_of[partition]` routes a
-        partition's table writes), each added once. Raises what the table raises."""
+        partition's table writes), each added once, and wait until they are in the
+        changelog. Raises what the tables raise."""
         tables = self.tables
+        counts = []
         for name, groups in writes.counts.items():
-            table = tables.named(name)
+            by_partition: dict[int, list[tuple[str, Any]]] = {}
             for (partition, label_key), adds in groups.items():
                 done = self.done.get(partition, ())
-                with tables.in_event(events_of[partition]):
-                    table[label_key] = added_once(table.get(label_key), adds, done)
+                old = tables.read_count(name, partition, label_key)
+                value = added_once(old, adds, done)
+                by_partition.setdefault(partition, []).append((label_key, value))
+            counts += [(name, p, items) for p, items in sorted(by_partition.items())]
+        seen: dict[int, Rows] = {}
         for (partition, key), sightings in writes.sightings.items():
             raw_key = version_records.version_key(key, partition)
             done = self.done.get(partition, ())
-            with tables.in_event(events_of[partition]):
-                old = tables.versions.get(raw_key)
-                tables.versions[raw_key] = version_records.merged(old, sightings, done)
+            old = tables.read_value(tables.versions, partition, raw_key)
+            merged = version_records.merged(old, sightings, done)
+            seen.setdefault(partition, []).append((raw_key, merged))
+        versions = [("versions", p, rows) for p, rows in sorted(seen.items())]
+        await tables.write_counts(counts, versions, events_of)
         if any(key not in self.known_versions for _p, key in writes.sightings):
             self.export_version_history()
 

@@ -19,7 +19,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from detectors.state import RunState
 from detectors.versions import Seen, Slice
@@ -474,6 +474,18 @@ class TableStore:
         return sum(len(rows) for _t, _p, rows in parts)
 
 
+@runtime_checkable
+class Windowed(Protocol):
+    """A windowed count table of the service (faust_app.CurrentWindow): the current
+    window's value of a key in a partition, and items as rows of it for `Tables.writer`
+    (`raw`: the faust table they go to)."""
+
+    raw: Any
+
+    def read(self, partition: int, key: str) -> Any: ...
+    def rows(self, partition: int, items: list[tuple[str, Any]]) -> Rows: ...
+
+
 def _no_event(event: Any) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
@@ -483,10 +495,11 @@ class Tables:
     """The worker's tables, by the names COUNT_TABLES, VALUE_TABLES and `versions` give them
     (`named`): `runs` and `finished` (see above), the retained runs, the episodes, the
     versions, and the windowed counters behind /loops, /runs, /compare and /hold-counts
-    (`get(key)` and ``[key] = value`` in the current window, `items()` of every window: a
-    plain dict in tests). `in_event(event)`: a context in which writes go to `event`'s
-    partition (faust picks a table write's partition from the current event; plain mappings
-    need nothing)."""
+    (`read(partition, key)` of the current window and `rows(partition, items)` of it for
+    `writer`, `items()` of every window; in tests a plain dict, ``get`` and ``[key] =
+    value``). `in_event(event)`: a context in which writes go to `event`'s partition (faust
+    picks a table write's partition from the current event; plain mappings need
+    nothing)."""
 
     runs: Table
     finished: Table
@@ -517,6 +530,41 @@ class Tables:
         for name, partition, rows in parts:
             with self.in_event(routing[partition]):
                 put_rows(self.named(name), rows)
+
+    def read_count(self, name: str, partition: int, key: str) -> Any:
+        """A windowed count table's value of `key` in the current window, in `partition`."""
+        table = self.named(name)
+        return table.read(partition, key) if isinstance(table, Windowed) else table.get(key)
+
+    async def write_counts(
+        self,
+        counts: list[tuple[str, int, list[tuple[str, Any]]]],
+        values: list[tuple[str, int, Rows]],
+        routing: Any,
+    ) -> None:
+        """Windowed counts (table name, partition, [(key, value)]) into the current window,
+        with value-table rows that go with them (the versions' sightings): the `Windowed`
+        tables' as rows, with `writer` in one bulk write, which waits for their changelog
+        (one round trip to the broker); a plain mapping's one by one in
+        `routing[partition]`'s event."""
+        bulk = []
+        for name, partition, items in counts:
+            table = self.named(name)
+            if isinstance(table, Windowed) and self.writer is not None:
+                bulk.append((table.raw, partition, table.rows(partition, items)))
+                continue
+            with self.in_event(routing[partition]):
+                for key, value in items:
+                    table[key] = value
+        if self.writer is None:
+            await self.write(values, routing)
+            return
+        bulk += [(self.named(name), partition, rows) for name, partition, rows in values]
+        if bulk:
+            await self.writer.write(bulk)
+
+    def read_value(self, table: Table, partition: int, key: bytes) -> bytes | None:
+        return (self.read or read_mapping)(table, partition, key)
 
     def named(self, name: str) -> Any:
         if name not in (*COUNT_TABLES, *VALUE_TABLES, "versions"):

@@ -655,6 +655,73 @@ async def test_the_changelog_writer_writes_the_memory_store_s_one_dict() -> None
     ]
 
 
+def counts_table(tmp_path: Any, store: str, name: str) -> Any:
+    """A windowed count table as the service declares it (faust_app: json keys, a
+    tumbling window with an expiry)."""
+    from datetime import timedelta
+
+    app: Any = faust.App(
+        f"counts-{name}", broker="kafka://127.0.0.1:1", store=store, datadir=str(tmp_path / name)
+    )
+    table = app.Table("loop_counts", default=int, partitions=2)
+    table.tumbling(60, expires=timedelta(seconds=600))
+    return table
+
+
+def store_contents(table: Any, partition: int) -> dict[Any, Any]:
+    if getattr(table.data, "_dbs", None) is None:
+        return dict(table.data.data)
+    return dict(faust_internals.partition_items(table, partition, None, 100))
+
+
+@pytest.mark.parametrize("store", ["rocksdb://", "memory://"])
+async def test_windowed_rows_write_what_faust_s_windowed_table_writes(
+    tmp_path: Any, store: str
+) -> None:
+    """Counts written through faust's windowed Table (in their partition's event, in the
+    window of the time given) and as `windowed_rows` through the writer: the same store
+    contents, changelog records whose bytes are faust's key and value encoded, and the
+    same keys registered for faust's expiry of old windows; `windowed_read` reads back
+    faust's value of the window, and the default where there is none."""
+    at = 1_800_000_030.0
+    items = {1: [('["identical_repetition",1]', [3, [7]]), ('["x",1]', [1, [8]])], 0: [("k", 2)]}
+    table = counts_table(tmp_path, store, "faust")
+    by_faust: list[tuple[Any, Any, int]] = []
+
+    def send_changelog(partition: int, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        by_faust.append((key, value, partition))
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    table.send_changelog = send_changelog
+    windows = table.tumbling(60, expires=600).relative_to(lambda event=None: at)
+    for partition, pairs in items.items():
+        with faust_internals.in_event(_Event(partition)):
+            for key, value in pairs:
+                windows[key] = value
+
+    mine = counts_table(tmp_path, store, "writer")
+    producer = _Producer()
+    writer = faust_internals.ChangelogWriter(SimpleNamespace(producer=producer))
+    await writer.write(
+        [(mine, p, faust_internals.windowed_rows(mine, p, pairs, at)) for p, pairs in items.items()]
+    )
+    encode_key, encode_value = mine.data._encode_key, mine.data._encode_value
+    assert [(k, v, p) for _t, k, v, p in producer.sent] == [
+        (encode_key(k), encode_value(v), p) for k, v, p in by_faust
+    ]
+    assert producer.sent[0][1] == b'["[\\"identical_repetition\\",1]",[1800000000.0,1800000059.9]]'
+    for p in (0, 1):
+        assert store_contents(mine, p) == store_contents(table, p)
+    assert mine._partition_timestamp_keys == table._partition_timestamp_keys
+    assert mine._partition_latest_timestamp == table._partition_latest_timestamp
+    with faust_internals.in_event(_Event(1)):
+        want = windows['["identical_repetition",1]'].value()
+    assert faust_internals.windowed_read(mine, 1, '["identical_repetition",1]', at) == want
+    assert faust_internals.windowed_read(mine, 1, '["identical_repetition",1]', at + 60) == 0
+    if store == "rocksdb://":  # (the memory store keeps every partition in one dict)
+        assert faust_internals.windowed_read(mine, 0, '["identical_repetition",1]', at) == 0
+
+
 # read_in_assignment: when faust marks a rebalance and a message's generation
 
 

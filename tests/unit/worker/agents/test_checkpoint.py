@@ -4,6 +4,7 @@ the acks, and nothing written for partitions revoked meanwhile."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from alerts.metrics import Metrics
 from detectors.policy import policy_from_mapping
+from detectors.versions import PROMPT, Seen, Slice
 from streams.worker.agents.checkpoint import Checkpoint, StateWriteError
 from streams.worker.agents.counting import Counting
 from streams.worker.agents.driver import RunDriver
@@ -112,8 +114,10 @@ class Writer:
 
     def __init__(self, log: list[str], then: Any) -> None:
         self.log, self.then = log, then
+        self.calls = 0
 
     async def write(self, parts: list[tuple[Any, int, Any]]) -> None:
+        self.calls += 1
         for table, partition, rows in parts:
             self.log.append(f"write {table.name} {partition}: {len(rows)}")
         self.then()
@@ -136,6 +140,47 @@ async def test_the_states_go_through_the_writer_and_a_revocation_meanwhile_acks_
     stage(cp)
     assert await cp.flush() == []  # the state is written: the new owner's redo finds it
     assert "ack refetched" not in log and cp.failed is None
+
+
+class Window:
+    """A `Windowed` count table (faust_app.CurrentWindow): one window, read by partition,
+    written only as rows through the writer."""
+
+    def __init__(self, name: str) -> None:
+        self.raw = SimpleNamespace(name=name)
+        self.stored: dict[tuple[int, str], Any] = {}
+
+    def read(self, partition: int, key: str) -> Any:
+        return self.stored.get((partition, key), 0)
+
+    def rows(self, partition: int, items: list[tuple[str, Any]]) -> list[tuple[bytes, bytes]]:
+        self.stored.update({(partition, key): value for key, value in items})
+        return [(key.encode(), json.dumps(value).encode()) for key, value in items]
+
+
+async def test_windowed_counts_and_sightings_go_in_one_write_before_the_states() -> None:
+    """The service's count tables (`Windowed`): the counts of the flush and the versions'
+    sightings in one bulk write (one wait for the broker), before the states; each count
+    added to what the partition's current window holds."""
+    log: list[str] = []
+    cp = checkpoint(log)
+    cp.tables.writer = writer = Writer(log, lambda: None)
+    cp.tables.loop_counts = window = Window("loop_counts")
+    key = '["identical_repetition",0]'
+    window.stored[(0, key)] = [4, [1]]
+    stage(cp)
+    cp.driver.store.writes.sight(0, Slice(PROMPT, "svc", "agent", "", "v1"), 9, Seen(1, 2, 1))
+    assert await cp.flush() == [EVENT]
+    assert log == [
+        "write loop_counts 0: 1",
+        "write versions 0: 1",
+        "producer flushed",
+        "write runs 0: 1",
+        "write finished 0: 1",
+        "ack refetched",
+    ]
+    assert writer.calls == 2  # the counts with the sightings, then the states
+    assert window.stored[(0, key)] == [5, [contribution_id("event", "e1")]]
 
 
 async def test_a_rebalance_begun_while_the_states_are_written_acks_nothing() -> None:
