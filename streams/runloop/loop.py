@@ -368,18 +368,18 @@ class RunLoop:
         except (DecodeError, ValueError, KeyError, TypeError):
             log.exception("runs table: unreadable state of run %s left alone", run_id)
             kept = loaded = None
-        if kept is None and loaded is None:  # gone, or unreadable
+        if kept is not None:
+            self._finished(run_id, partition, kept, None, now_ns, sink)
+        elif loaded is None:  # gone, or unreadable
             index.remove(run_id)
             return
+        elif finalizing:
+            self.finalize(run_id, partition, loaded[1], now_ns, sink)
         if finalizing:
-            if kept is not None:
-                self._finished(run_id, partition, kept, None, now_ns, sink)
-            elif loaded is not None:
-                self.finalize(run_id, partition, loaded[1], now_ns, sink)
             if deadline.evict:
                 sink.evicted_run()
             return
-        assert loaded is not None  # (kept only when finalizing)
+        assert loaded is not None  # (a kept summary is only read to finalize)
         env, state = loaded
         # Release: past the run's last arrival the clock vouches for all of it, and the
         # run clock is its event time advanced by the time since that arrival. Before

@@ -104,16 +104,11 @@ def consumer_conf(s: WorkerSettings) -> dict[str, Any]:
     }
 
 
-def _wall_clock(event: Any = None) -> float:
-    """Window timestamps are processing time. (faust's relative_to_now() uses, inside a
-    stream, the latest window end seen on the partition, which starts at 0.)"""
-    return time.time()
-
-
 class CurrentWindow:
     """A windowed count table as the checkpoint reads and writes it (streams/worker/state/
-    store.py `Tables`): `read` and `rows` of the window of now (processing time), written
-    by the tables' writer; `items` of every window (the raw table, as the on-call API reads
+    store.py `Tables`): `read` and `rows` of the window of now (processing time:
+    `time.time()`, not faust's relative_to_now(), which inside a stream uses the latest
+    window end seen on the partition, starting at 0), written by the tables' writer; `items` of every window (the raw table, as the on-call API reads
     it)."""
 
     def __init__(self, raw: Any) -> None:
@@ -124,11 +119,11 @@ class CurrentWindow:
     def read(self, partition: int, key: str) -> Any:
         """The current window's value in the partition's store (faust's default, 0, when
         there is none)."""
-        return faust_internals.windowed_read(self.raw, partition, key, _wall_clock())
+        return faust_internals.windowed_read(self.raw, partition, key, time.time())
 
     def rows(self, partition: int, items: list[tuple[str, Any]]) -> Rows:
         """`items` as rows of the current window, for the tables' writer."""
-        return faust_internals.windowed_rows(self.raw, partition, items, _wall_clock())
+        return faust_internals.windowed_rows(self.raw, partition, items, time.time())
 
     def items(self) -> Any:
         return self.raw.items()
