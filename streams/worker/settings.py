@@ -71,7 +71,11 @@ variable                                  default                     meaning
                                                                       ``Authorization: Bearer <token>``
 ``LOOPWATCH_BATCH_MAX``                   ``1000``                    max messages the detect agent
                                                                       takes per batch
-``LOOPWATCH_BATCH_WITHIN_MS``             ``50``                      ... or what arrived within
+``LOOPWATCH_BATCH_WITHIN_MS``             ``10``                      ... or what arrived within
+                                                                      (faust waits this long after
+                                                                      every batch, however much is
+                                                                      queued: it is idle time in
+                                                                      each cycle, docs/PERFORMANCE.md)
 ``LOOPWATCH_STATE_FLUSH_MS``              ``1000``                    run states are written to
                                                                       the tables (changelog) at
                                                                       most this often, records
@@ -233,7 +237,7 @@ class WorkerSettings:
     dlq_capture_payload: bool = False
     api_token: str | None = None
     batch_max: int = 1000
-    batch_within_ms: int = 50
+    batch_within_ms: int = 10
     state_flush_ms: int = 1000
     state_cache_size: int = 10_000
     arrival_hold_ms: int = 2000
