@@ -106,10 +106,10 @@ def consumer_conf(s: WorkerSettings) -> dict[str, Any]:
 
 class CurrentWindow:
     """A windowed count table as the checkpoint reads and writes it (streams/worker/state/
-    store.py `Tables`): `read` and `rows` of the window of now (processing time:
-    `time.time()`, not faust's relative_to_now(), which inside a stream uses the latest
-    window end seen on the partition, starting at 0), written by the tables' writer; `items` of every window (the raw table, as the on-call API reads
-    it)."""
+    store.py `Tables`): `read` and `rows` of the window of now, written by the tables'
+    writer; `items` of every window (the raw table, as the on-call API reads it). Now is
+    processing time, `time.time()`: faust's relative_to_now() uses, inside a stream, the
+    latest window end seen on the partition, which starts at 0."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
