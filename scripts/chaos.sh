@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reliability and security suite against the local broker, long variants (`make chaos`):
 #
-#   scripts/chaos.sh                 all three files with LOOPWATCH_CHAOS_LONG=1
+#   scripts/chaos.sh                 all five files with LOOPWATCH_CHAOS_LONG=1
 #   scripts/chaos.sh -k rebalance    extra pytest arguments are passed through
 #
 #   tests/integration/test_chaos.py            ~220k spans: 7 SIGKILLs (two crash loops) and
@@ -10,6 +10,10 @@
 #   tests/integration/test_canary.py           canaries in every output, API security
 #   tests/integration/test_crash_counts.py     7 SIGKILLs between counting and the commit,
 #                                              then the API's counts against the replay
+#   tests/integration/test_faults.py           a 60 s broker outage under load with the
+#                                              default readiness and reminder timings (15 s
+#                                              in the suite), SIGTERM during an outage,
+#                                              lost, unwritable and full state dirs
 #
 # Environment: LOOPWATCH_CHAOS_SEED=<int> replays a chaos schedule (the seed in use is
 # printed); LOOPWATCH_CHAOS_LONG=0 runs the short CI variants instead. The broker is
@@ -30,6 +34,7 @@ rc=0
   tests/integration/test_chaos.py \
   tests/integration/test_malformed_stream.py \
   tests/integration/test_canary.py \
-  tests/integration/test_crash_counts.py "$@" || rc=$?
+  tests/integration/test_crash_counts.py \
+  tests/integration/test_faults.py "$@" || rc=$?
 scripts/kafka.sh start >/dev/null  # whatever happened, leave the broker running
 exit "$rc"
