@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _load_libc() -> Any:
@@ -69,12 +70,27 @@ def release_free_memory(libc: Any = _LIBC) -> None:
         libc.malloc_trim(0)
 
 
+def resident_bytes() -> int:
+    """The process's resident set (`/proc/self/statm`), 0 where there is none to read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class QuietTrim:
     """When to hand free pages back: at the first check that finds the event loop quiet
-    after it was busy, and at least every `period` seconds whatever it does (under a
+    after it was busy, at a quiet check that finds the resident set `slack` bytes above
+    what the last trim left, and at least every `period` seconds whatever it does (under a
     steady load it is never quiet). `check()` runs on the event loop's thread, whose CPU
     time `cpu` measures: quiet is under `quiet_share` of the interval since the last check.
-    A worker at a low, steady rate stays quiet and is trimmed every `period` only."""
+    A worker at a low, steady rate stays quiet and is trimmed every `period` only.
+
+    The resident check is for memory other threads freed while the event loop rested:
+    rocksdb flushes its memtables and compacts in threads of its own, after the load that
+    filled them, and left up to 40 MiB of free heap pages resident until the next periodic
+    trim (one memory round, after 100k runs: 167 MiB anonymous, 126 after a trim)."""
 
     def __init__(
         self,
@@ -82,17 +98,22 @@ class QuietTrim:
         *,
         period: float = 30.0,
         quiet_share: float = 0.05,
+        slack: int = 8 << 20,
         cpu: Callable[[], float] = time.thread_time,
         clock: Callable[[], float] = time.monotonic,
+        resident: Callable[[], int] = resident_bytes,
     ) -> None:
         self.release = release
         self.period = period
         self.quiet_share = quiet_share
+        self.slack = slack
         self.cpu = cpu
         self.clock = clock
+        self.resident = resident
         self.checked_at = clock()
         self.cpu_at = cpu()
         self.trimmed_at = self.checked_at
+        self.resident_at = resident()
         self.busy_since_trim = False
 
     def check(self) -> bool:
@@ -102,10 +123,12 @@ class QuietTrim:
         self.checked_at, self.cpu_at = now, cpu
         quiet_after_work = not busy and self.busy_since_trim
         self.busy_since_trim = self.busy_since_trim or busy
-        if not quiet_after_work and now - self.trimmed_at < self.period:
+        grown = not busy and self.resident() - self.resident_at > self.slack
+        if not (quiet_after_work or grown) and now - self.trimmed_at < self.period:
             return False
         self.release()
         # the trim's own CPU is not work: the next interval starts after it
         self.trimmed_at = self.checked_at = self.clock()
         self.cpu_at, self.busy_since_trim = self.cpu(), False
+        self.resident_at = self.resident()
         return True

@@ -17,11 +17,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 class Clocks:
-    """A wall clock and the event loop's CPU time, moved by the test."""
+    """A wall clock, the event loop's CPU time and the resident set, moved by the test."""
 
     def __init__(self) -> None:
         self.now = 100.0
         self.cpu = 10.0
+        self.rss = 150 << 20
 
     def second(self, busy: float) -> None:
         """One second passes, `busy` of it on the event loop's CPU."""
@@ -31,8 +32,13 @@ class Clocks:
 
 def trimmer(clocks: Clocks) -> tuple[QuietTrim, list[float]]:
     done: list[float] = []
+
+    def release() -> None:
+        done.append(clocks.now)
+        clocks.rss = min(clocks.rss, 150 << 20)  # what the heap had free goes back
+
     trim = QuietTrim(
-        lambda: done.append(clocks.now), cpu=lambda: clocks.cpu, clock=lambda: clocks.now
+        release, cpu=lambda: clocks.cpu, clock=lambda: clocks.now, resident=lambda: clocks.rss
     )
     return trim, done
 
@@ -67,6 +73,58 @@ def test_a_low_steady_rate_counts_as_quiet() -> None:
         clocks.second(busy=0.02)  # under 5% of each second
         trim.check()
     assert done == [130.0, 160.0]
+
+
+def test_memory_other_threads_freed_while_the_loop_rests_is_trimmed_once() -> None:
+    """rocksdb flushes and compacts in threads of its own after a load: the event loop
+    stays quiet while the heap's free pages grow."""
+    clocks = Clocks()
+    trim, done = trimmer(clocks)
+    clocks.second(busy=0.01)
+    assert not trim.check()
+    clocks.rss += 6 << 20  # under the slack: left for the periodic trim
+    clocks.second(busy=0.01)
+    assert not trim.check()
+    clocks.rss += 4 << 20
+    clocks.second(busy=0.01)
+    assert trim.check()
+    for _ in range(5):  # handed back: nothing more to do until it grows again
+        clocks.second(busy=0.01)
+        assert not trim.check()
+    assert done == [103.0]
+
+
+def test_memory_that_grows_under_load_waits_for_a_quiet_second() -> None:
+    clocks = Clocks()
+    trim, done = trimmer(clocks)
+    for _ in range(3):
+        clocks.rss += 20 << 20
+        clocks.second(busy=0.9)
+        assert not trim.check()
+    clocks.second(busy=0.01)
+    assert trim.check()
+    assert done == [104.0]
+
+
+def test_live_memory_above_the_last_trim_does_not_trim_again() -> None:
+    """A trim that cannot hand anything back (the memory is in use) sets the new level."""
+    clocks = Clocks()
+    done: list[float] = []
+    trim = QuietTrim(
+        lambda: done.append(clocks.now),
+        cpu=lambda: clocks.cpu,
+        clock=lambda: clocks.now,
+        resident=lambda: clocks.rss,
+    )
+    clocks.rss += 20 << 20
+    for _ in range(10):
+        clocks.second(busy=0.01)
+        trim.check()
+    assert done == [101.0]
+
+
+def test_resident_bytes_reads_this_process() -> None:
+    assert allocator.resident_bytes() > 1 << 20
 
 
 def test_the_trims_own_cpu_is_not_counted_as_work() -> None:
