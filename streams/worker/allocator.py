@@ -89,8 +89,10 @@ class QuietTrim:
 
     The resident check is for memory other threads freed while the event loop rested:
     rocksdb flushes its memtables and compacts in threads of its own, after the load that
-    filled them, and left up to 40 MiB of free heap pages resident until the next periodic
-    trim (one memory round, after 100k runs: 167 MiB anonymous, 126 after a trim)."""
+    filled them, and what they free stayed resident until the next periodic trim (at one
+    checkpoint of a memory round, after 100k runs: 167 MiB anonymous, 126 after a trim;
+    docs/PERFORMANCE.md, stop 68). A trim that hands nothing back (the growth is live, or
+    file-backed) sets the new level: one trim per `slack` of growth at most."""
 
     def __init__(
         self,
