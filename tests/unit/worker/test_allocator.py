@@ -30,12 +30,15 @@ class Clocks:
         self.cpu += busy
 
 
-def trimmer(clocks: Clocks) -> tuple[QuietTrim, list[float]]:
+def trimmer(clocks: Clocks, *, hands_back: bool = True) -> tuple[QuietTrim, list[float]]:
+    """A trim whose release records its time and, if `hands_back`, takes the resident set
+    back down to its start (the growth was free pages; otherwise it is live)."""
     done: list[float] = []
 
     def release() -> None:
         done.append(clocks.now)
-        clocks.rss = min(clocks.rss, 150 << 20)  # what the heap had free goes back
+        if hands_back:
+            clocks.rss = min(clocks.rss, 150 << 20)
 
     trim = QuietTrim(
         release, cpu=lambda: clocks.cpu, clock=lambda: clocks.now, resident=lambda: clocks.rss
@@ -109,13 +112,7 @@ def test_memory_that_grows_under_load_waits_for_a_quiet_second() -> None:
 def test_live_memory_above_the_last_trim_does_not_trim_again() -> None:
     """A trim that cannot hand anything back (the memory is in use) sets the new level."""
     clocks = Clocks()
-    done: list[float] = []
-    trim = QuietTrim(
-        lambda: done.append(clocks.now),
-        cpu=lambda: clocks.cpu,
-        clock=lambda: clocks.now,
-        resident=lambda: clocks.rss,
-    )
+    trim, done = trimmer(clocks, hands_back=False)
     clocks.rss += 20 << 20
     for _ in range(10):
         clocks.second(busy=0.01)
